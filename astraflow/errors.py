@@ -1,0 +1,53 @@
+"""The AstraFlow exception tree.
+
+Every error the library raises on purpose is an ``AstraFlowError``; callers catch the narrow
+subclass they can handle and let the rest surface. Wrapped causes are kept with ``raise ... from``.
+"""
+
+
+class AstraFlowError(Exception):
+    """Base of every error AstraFlow raises on purpose."""
+
+
+class ConfigError(AstraFlowError):
+    """A configuration file or value is wrong; the message names the field."""
+
+
+class SchemaError(AstraFlowError):
+    """Bytes that are not a valid AstraFlow Avro record, or a record that does not fit its schema."""
+
+
+class UnknownSchemaError(SchemaError):
+    """A single-object encoded record whose writer-schema fingerprint no store knows."""
+
+
+class LogError(AstraFlowError):
+    """The log (embedded or Kafka) failed an operation."""
+
+
+class TopicNotFoundError(LogError):
+    """The named topic does not exist."""
+
+
+class DeliveryError(LogError):
+    """One or more produced records were not acknowledged by the log."""
+
+
+class RecordTooLargeError(DeliveryError):
+    """A record is larger than the topic or client allows."""
+
+
+class BrokerError(AstraFlowError):
+    """The local Kafka broker could not be fetched, started, or stopped."""
+
+
+class MissingDependencyError(AstraFlowError):
+    """An optional dependency is not installed; the message says how to install it."""
+
+
+class RewardError(AstraFlowError):
+    """A reward function failed; the trajectory is dead-lettered, never given a silent zero."""
+
+
+class WeightsError(AstraFlowError):
+    """A weight version is incomplete, corrupt, or does not apply to the reader's base."""

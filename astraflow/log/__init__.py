@@ -1,0 +1,31 @@
+"""The log: topics of Avro records joining every AstraFlow component (see ``base.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from astraflow.log.base import Consumer, Log, Message, Producer, TopicPartition, TopicSpec
+
+__all__ = ["Consumer", "Log", "Message", "Producer", "TopicPartition", "TopicSpec", "open_log"]
+
+
+def open_log(backend: str, *, path: str | Path | None = None, bootstrap: str | None = None) -> Log:
+    """Open the log backend named by ``backend`` (``embedded`` needs ``path``, ``kafka`` ``bootstrap``).
+
+    Imports the backend module lazily so that the other one's client library is never loaded.
+    """
+    from astraflow.errors import ConfigError
+
+    if backend == "embedded":
+        if path is None:
+            raise ConfigError("log.path: the embedded backend needs a SQLite file path")
+        from astraflow.log.embedded import EmbeddedLog
+
+        return EmbeddedLog(Path(path))
+    if backend == "kafka":
+        if not bootstrap:
+            raise ConfigError("log.bootstrap: the kafka backend needs bootstrap servers, e.g. 127.0.0.1:9092")
+        from astraflow.log.kafka import KafkaLog
+
+        return KafkaLog(bootstrap)
+    raise ConfigError(f"log.backend: unknown backend {backend!r}; choose 'embedded' or 'kafka'")

@@ -1,0 +1,1 @@
+"""AstraFlow schemas."""
