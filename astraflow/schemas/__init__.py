@@ -1,1 +1,39 @@
-"""AstraFlow schemas."""
+"""AstraFlow's record contracts: Avro schemas (``*.avsc``), their dataclasses, and the codec.
+
+``Codec`` turns records into Avro single-object bytes and back; ``SchemaStore`` maps writer
+schema fingerprints to schemas (``LogSchemaStore`` shares them through the log).
+"""
+
+from astraflow.schemas.codec import Codec, to_jsonable
+from astraflow.schemas.records import (
+    RECORD_TYPES,
+    DeadLetter,
+    Metric,
+    PromptStats,
+    RolloutTask,
+    TensorSpec,
+    TrainSample,
+    Trajectory,
+    Turn,
+    WeightChunk,
+)
+from astraflow.schemas.store import SCHEMA_TOPIC, LogSchemaStore, SchemaStore, WriterSchema
+
+__all__ = [
+    "RECORD_TYPES",
+    "SCHEMA_TOPIC",
+    "Codec",
+    "DeadLetter",
+    "LogSchemaStore",
+    "Metric",
+    "PromptStats",
+    "RolloutTask",
+    "SchemaStore",
+    "TensorSpec",
+    "TrainSample",
+    "Trajectory",
+    "Turn",
+    "WeightChunk",
+    "WriterSchema",
+    "to_jsonable",
+]

@@ -142,6 +142,8 @@ class PromptStats:
     mean_reward: float
     reward_std: float
     pass_rate: float
+    accepted: bool = True
+    drop_reason: str = ""
     created_ms: int = 0
 
 
