@@ -1,0 +1,188 @@
+"""The ``kafka`` log backend: Apache Kafka through confluent-kafka (librdkafka).
+
+``KafkaLog`` does the admin operations with an ``AdminClient`` and hands out the producers and
+consumers of ``kafka_producer`` and ``kafka_consumer``, all configured here:
+
+- records up to 64 MiB pass the clients (the topic's ``max.message.bytes`` decides what the
+  broker accepts), uncompressed so that a topic's size limit means the same for every record;
+- topics are never auto-created: producing to a missing topic fails ``flush`` after
+  ``topic.metadata.propagation.max.ms`` instead of creating a topic with broker defaults;
+- ``create_topic`` returns only when every partition's leader serves it, so a record sent or
+  an offset asked for right after it is accepted;
+- consumers heart-beat at least every second: in the classic group protocol a member learns of
+  a rebalance (another member left or joined) only from a heartbeat response, so the interval,
+  not the session timeout, bounds how fast partitions move to the remaining members.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as RdPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+
+from astraflow.errors import LogError, TopicNotFoundError
+from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicSpec
+from astraflow.log.kafka_consumer import KafkaConsumer
+from astraflow.log.kafka_producer import KafkaProducer
+
+logger = logging.getLogger(__name__)
+
+MAX_CLIENT_RECORD_BYTES = 64 * 1024 * 1024
+_TIMEOUT_S = 30.0
+_NOT_FOUND = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+_LEADERSHIP_MOVING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                      KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.REPLICA_NOT_AVAILABLE,
+                      KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
+                      KafkaError.OFFSET_NOT_AVAILABLE)
+"""Errors of a partition whose leader is still taking it on (or moving): asking again cures them."""
+
+
+class KafkaLog(Log):
+    """A ``Log`` on the Kafka cluster at ``bootstrap``; ``client_config`` adds librdkafka settings
+    (e.g. SASL) to every client."""
+
+    def __init__(self, bootstrap: str, client_config: dict[str, Any] | None = None) -> None:
+        self._base: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "logger": logging.getLogger("astraflow.log.librdkafka"),
+            **(client_config or {}),
+        }
+        self._admin = AdminClient(dict(self._base))
+
+    def create_topic(self, spec: TopicSpec, exist_ok: bool = True) -> None:
+        config = {
+            "cleanup.policy": "compact" if spec.compacted else "delete",
+            "retention.ms": str(-1 if spec.retention_ms is None else spec.retention_ms),
+            "max.message.bytes": str(spec.max_message_bytes),
+        }
+        future = self._admin.create_topics([NewTopic(spec.name, spec.partitions, config=config)],
+                                           request_timeout=_TIMEOUT_S)[spec.name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise LogError(f"creating topic {spec.name!r} failed: {exc.args[0].str()}") from exc
+            if not exist_ok:
+                raise LogError(f"topic {spec.name!r} already exists") from exc
+        self._wait_for(spec.name, lambda meta: meta is not None and _all_led(meta))
+        self.end_offsets(spec.name)  # the leaders serve offsets only once they took the partitions on
+
+    def describe_topic(self, name: str) -> TopicSpec:
+        partitions = len(self._metadata(name).partitions)
+        future = self._admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)],
+                                              request_timeout=_TIMEOUT_S)
+        try:
+            config = next(iter(future.values())).result()
+        except KafkaException as exc:
+            if exc.args[0].code() in _NOT_FOUND:
+                raise TopicNotFoundError(f"topic {name!r} does not exist") from exc
+            raise LogError(f"describing topic {name!r} failed: {exc.args[0].str()}") from exc
+        retention = int(config["retention.ms"].value)
+        return TopicSpec(
+            name=name,
+            partitions=partitions,
+            retention_ms=None if retention < 0 else retention,
+            compacted="compact" in config["cleanup.policy"].value,
+            max_message_bytes=int(config["max.message.bytes"].value),
+        )
+
+    def list_topics(self) -> list[str]:
+        try:
+            topics = self._admin.list_topics(timeout=_TIMEOUT_S).topics
+        except KafkaException as exc:
+            raise LogError(f"listing topics failed: {exc.args[0].str()}") from exc
+        return sorted(name for name in topics if not name.startswith("__"))
+
+    def delete_topic(self, name: str) -> None:
+        future = self._admin.delete_topics([name], request_timeout=_TIMEOUT_S)[name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() in _NOT_FOUND:
+                raise TopicNotFoundError(f"topic {name!r} does not exist") from exc
+            raise LogError(f"deleting topic {name!r} failed: {exc.args[0].str()}") from exc
+        self._wait_for(name, lambda meta: meta is None)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Retries while leadership moves (also right after creation), for up to 30 s."""
+        partitions = sorted(self._metadata(topic).partitions)
+        requests = {RdPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                futures = self._admin.list_offsets(requests, request_timeout=_TIMEOUT_S)
+                return {rd.partition: future.result().offset for rd, future in futures.items()}
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not (err.retriable() or err.code() in _LEADERSHIP_MOVING) or time.monotonic() > deadline:
+                    raise LogError(f"reading end offsets of {topic!r} failed: {err.str()}") from exc
+                time.sleep(0.1)
+
+    def producer(self) -> Producer:
+        return KafkaProducer({
+            **self._base,
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": "none",
+            "partitioner": "murmur2_random",
+            "message.max.bytes": MAX_CLIENT_RECORD_BYTES,
+            "allow.auto.create.topics": False,
+            "topic.metadata.propagation.max.ms": 3000,
+        })
+
+    def consumer(
+        self,
+        group_id: str | None = None,
+        auto_offset_reset: OffsetReset = "earliest",
+        session_timeout_s: float = 10.0,
+    ) -> Consumer:
+        session_ms = int(session_timeout_s * 1000)
+        config = {
+            **self._base,
+            "group.id": group_id or f"astraflow-assign-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": auto_offset_reset,
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(100, min(1000, session_ms // 3)),
+            "allow.auto.create.topics": False,
+            "max.partition.fetch.bytes": MAX_CLIENT_RECORD_BYTES,
+            "fetch.max.bytes": MAX_CLIENT_RECORD_BYTES,
+            "receive.message.max.bytes": MAX_CLIENT_RECORD_BYTES + 1024 * 1024,
+        }
+        return KafkaConsumer(config, has_group=group_id is not None, auto_offset_reset=auto_offset_reset)
+
+    def close(self) -> None:
+        """Nothing to release: the admin client holds no state worth flushing."""
+
+    def _metadata(self, name: str) -> Any:
+        """The topic's metadata; ``TopicNotFoundError`` when the cluster does not know it."""
+        meta = self._topic_metadata(name)
+        if meta is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist")
+        return meta
+
+    def _topic_metadata(self, name: str) -> Any:
+        try:
+            meta = self._admin.list_topics(topic=name, timeout=_TIMEOUT_S).topics.get(name)
+        except KafkaException as exc:
+            raise LogError(f"reading metadata of {name!r} failed: {exc.args[0].str()}") from exc
+        if meta is None or (meta.error is not None and meta.error.code() in _NOT_FOUND):
+            return None
+        return meta
+
+    def _wait_for(self, name: str, done: Callable[[Any], bool]) -> None:
+        """Poll the topic's metadata until ``done(metadata or None)`` holds."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while not done(self._topic_metadata(name)):
+            if time.monotonic() > deadline:
+                raise LogError(f"topic {name!r} did not settle within {_TIMEOUT_S:.0f}s")
+            time.sleep(0.05)
+
+
+def _all_led(meta: Any) -> bool:
+    return meta.error is None and bool(meta.partitions) and all(p.leader >= 0 for p in meta.partitions.values())

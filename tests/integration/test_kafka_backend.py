@@ -1,0 +1,108 @@
+"""What only the Kafka backend has to get right, beyond the shared conformance suite.
+
+- seeks made in subscribe mode before the group has assigned anything (librdkafka refuses them,
+  ``KafkaConsumer`` defers them to the assignment);
+- topic settings mapped to and from Kafka topic configs;
+- keyed records land where Java clients (Kafka Streams, faust, the console tools) put them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from astraflow.log.base import Consumer, Message, TopicPartition, TopicSpec
+from astraflow.log.kafka import KafkaLog
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def kafka_log(kafka_bootstrap: str) -> Iterator[KafkaLog]:
+    with KafkaLog(kafka_bootstrap) as log:
+        yield log
+
+
+def first_records(consumer: Consumer, count: int, timeout: float = 30.0) -> list[Message]:
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out += consumer.poll(max_records=count - len(out), timeout=0.5)
+    return out
+
+
+@pytest.mark.parametrize("seek", ["offset", "beginning", "timestamp"])
+def test_seek_before_the_group_assigns(kafka_log: KafkaLog, unique: str, seek: str) -> None:
+    topic, group = f"kafka.seek.{unique}", f"kafka-seek-{unique}"
+    tp = TopicPartition(topic, 0)
+    kafka_log.create_topic(TopicSpec(topic))
+    base = int(time.time() * 1000) - 60_000
+    with kafka_log.producer() as producer:
+        for i in range(10):
+            producer.send(topic, f"v{i}".encode(), timestamp_ms=base + i * 1000)
+        producer.flush()
+    with kafka_log.consumer(group) as committer:
+        committer.assign([tp])
+        committer.commit({tp: 8})
+
+    expected = {"offset": 3, "beginning": 0, "timestamp": 4}[seek]
+    with kafka_log.consumer(group) as consumer:
+        consumer.subscribe([topic])
+        assert consumer.assignment() == []
+        if seek == "offset":
+            consumer.seek(tp, 3)
+        elif seek == "beginning":
+            consumer.seek_to_beginning()
+        else:
+            consumer.seek_to_timestamp(base + 3_500)
+        assert [m.offset for m in first_records(consumer, 10 - expected)] == list(range(expected, 10))
+        assert consumer.position(tp) == 10
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        TopicSpec("compacted", partitions=1, compacted=True, max_message_bytes=1024 * 1024),
+        TopicSpec("retained", partitions=2, retention_ms=3_600_000),
+        TopicSpec("forever", partitions=3, retention_ms=None, max_message_bytes=10 * 1024 * 1024),
+    ],
+)
+def test_topic_spec_round_trips(kafka_log: KafkaLog, unique: str, spec: TopicSpec) -> None:
+    named = TopicSpec(f"kafka.spec.{spec.name}.{unique}", spec.partitions, spec.retention_ms, spec.compacted,
+                      spec.max_message_bytes)
+    kafka_log.create_topic(named)
+    assert kafka_log.describe_topic(named.name) == named
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """The Java client's default partition for a key: ``toPositive(murmur2(key)) % partitions``."""
+    m, seed, mask = 0x5BD1E995, 0x9747B28C, 0xFFFFFFFF
+    h = (seed ^ len(key)) & mask
+    body = len(key) - len(key) % 4
+    for i in range(0, body, 4):
+        k = (int.from_bytes(key[i:i + 4], "little") * m) & mask
+        k = ((k ^ (k >> 24)) * m) & mask
+        h = ((h * m) & mask) ^ k
+    for shift, byte in reversed(list(enumerate(key[body:]))):
+        h ^= byte << (8 * shift)
+    if len(key) % 4:
+        h = (h * m) & mask
+    h = ((h ^ (h >> 13)) * m) & mask
+    h ^= h >> 15
+    return (h & 0x7FFFFFFF) % partitions
+
+
+def test_keyed_records_land_where_java_clients_put_them(kafka_log: KafkaLog, unique: str) -> None:
+    topic = f"kafka.murmur2.{unique}"
+    kafka_log.create_topic(TopicSpec(topic, partitions=6))
+    keys = [f"group-{i}".encode() for i in range(40)] + [b"a", b"ab", b"abc"]
+    with kafka_log.producer() as producer:
+        for key in keys:
+            producer.send(topic, b"x", key=key)
+        producer.flush()
+    with kafka_log.consumer() as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(6)])
+        landed = {m.key: m.partition for m in first_records(consumer, len(keys))}
+    assert landed == {key: java_partition(key, 6) for key in keys}

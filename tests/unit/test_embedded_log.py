@@ -1,0 +1,120 @@
+"""What only the embedded backend promises, or what is too slow to see on Kafka: assignment,
+header packing, retention, compaction, commit fencing and concurrent writers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from astraflow.errors import LogError
+from astraflow.log import TopicPartition, TopicSpec
+from astraflow.log.embedded import EmbeddedLog
+from astraflow.log.embedded_groups import assign_round_robin
+from astraflow.log.embedded_store import now_ms, pack_headers, unpack_headers
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> EmbeddedLog:
+    with EmbeddedLog(tmp_path / "log.sqlite") as opened:
+        yield opened
+
+
+def read_all(log: EmbeddedLog, topic: str, partitions: int = 1) -> list[tuple[int, bytes | None, bytes]]:
+    with log.consumer() as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        return [(m.offset, m.key, m.value) for m in consumer.poll(timeout=0)]
+
+
+@pytest.mark.parametrize(
+    ("members", "partitions", "expected"),
+    [
+        ({"a": ["t"]}, {"t": 3}, {"a": [("t", 0), ("t", 1), ("t", 2)]}),
+        ({"b": ["t"], "a": ["t"]}, {"t": 4}, {"a": [("t", 0), ("t", 2)], "b": [("t", 1), ("t", 3)]}),
+        ({"a": ["x", "y"], "b": ["x", "y"]}, {"x": 1, "y": 1}, {"a": [("x", 0)], "b": [("y", 0)]}),
+        ({"a": ["x"], "b": ["y"]}, {"x": 2, "y": 1}, {"a": [("x", 0), ("x", 1)], "b": [("y", 0)]}),
+        ({"a": ["t"], "b": ["t"]}, {}, {"a": [], "b": []}),
+    ],
+)
+def test_assignment_is_a_function_of_members_and_partitions(
+    members: dict[str, list[str]], partitions: dict[str, int], expected: dict[str, list[tuple[str, int]]]
+) -> None:
+    shares = assign_round_robin(members, partitions)
+    assert shares == {m: [TopicPartition(t, p) for t, p in tps] for m, tps in expected.items()}
+
+
+@pytest.mark.parametrize("headers", [(), (("a", b"1"),), (("trace-id", b""), ("é", b"\x00" * 300))])
+def test_headers_round_trip(headers: tuple[tuple[str, bytes], ...]) -> None:
+    assert unpack_headers(pack_headers(headers)) == headers
+
+
+def test_retention_moves_the_log_start(log: EmbeddedLog) -> None:
+    log.create_topic(TopicSpec("kept", retention_ms=60_000))
+    now = now_ms()
+    with log.producer() as producer:
+        for age_ms in (600_000, 300_000, 1_000, 700_000, 0):
+            producer.send("kept", str(age_ms).encode(), timestamp_ms=now - age_ms)
+    assert [offset for offset, _, _ in read_all(log, "kept")] == [2, 3, 4]
+    assert log.end_offsets("kept") == {0: 5}
+
+
+def test_compaction_keeps_the_newest_record_per_key(log: EmbeddedLog) -> None:
+    log.create_topic(TopicSpec("schemas", compacted=True))
+    with log.producer() as producer:
+        for key, value in [(b"a", b"1"), (b"b", b"2"), (b"a", b"3"), (None, b"n"), (b"a", b"4")]:
+            producer.send("schemas", value, key=key)
+    assert read_all(log, "schemas") == [(1, b"b", b"2"), (3, None, b"n"), (4, b"a", b"4")]
+
+
+def test_commit_of_a_partition_that_moved_is_rejected(log: EmbeddedLog) -> None:
+    log.create_topic(TopicSpec("work", partitions=2))
+    first, second = log.consumer("g"), log.consumer("g")
+    try:
+        first.subscribe(["work"])
+        assert len(first.assignment()) == 2
+        second.subscribe(["work"])
+        moved = second.assignment()
+        assert len(moved) == 1
+        with pytest.raises(LogError, match="rejected"):
+            first.commit({tp: 1 for tp in first.assignment()})
+        kept = [tp for tp in first.assignment() if tp not in moved]
+        assert first.committed(kept + moved) == {kept[0]: 1, moved[0]: None}
+    finally:
+        first.close()
+        second.close()
+
+
+def test_concurrent_producers_get_contiguous_offsets(log: EmbeddedLog) -> None:
+    log.create_topic(TopicSpec("busy"))
+
+    def write(worker: int) -> None:
+        with log.producer() as producer:
+            for batch in range(20):
+                for i in range(50):
+                    producer.send("busy", f"{worker}-{batch}-{i}".encode())
+                producer.flush()
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with log.consumer() as consumer:
+        consumer.assign([TopicPartition("busy", 0)])
+        offsets = [m.offset for m in consumer.poll(max_records=10_000, timeout=0)]
+    assert offsets == list(range(4000))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (TopicSpec("bad name"), "topic name"),
+        (TopicSpec("t", partitions=0), "partitions"),
+        (TopicSpec("t", retention_ms=0), "retention_ms"),
+        (TopicSpec("t", max_message_bytes=0), "max_message_bytes"),
+    ],
+)
+def test_invalid_topic_specs_name_the_field(log: EmbeddedLog, spec: TopicSpec, message: str) -> None:
+    with pytest.raises(LogError, match=message):
+        log.create_topic(spec)
