@@ -1,0 +1,69 @@
+"""Evaluator consumer: held-out greedy exact match of each new weight version → metrics topic.
+
+It follows the weights topic like a rollout producer does (its own follower, no group), so it can
+attach to a run at any time. When training outruns evaluation, the newest version wins: versions
+in between are skipped, never queued, and ``eval.every_versions`` thins the evaluations further.
+The base checkpoint is evaluated as version 0 at start, whatever the topic holds: it is the
+baseline of the run's ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from astraflow.context import ComponentContext
+from astraflow.weights.follow import WeightFollower
+
+logger = logging.getLogger(__name__)
+
+
+class Evaluator:
+    """Scores weight versions of one policy on the held-out split."""
+
+    def __init__(self, ctx: ComponentContext, policy: str) -> None:
+        import torch
+
+        from astraflow.models.base import base_checkpoint_path
+        from astraflow.models.loading import load_policy
+        from astraflow.tasks.datasets import load_task_split
+
+        torch.set_num_threads(ctx.config.eval.threads)
+        self.ctx = ctx
+        self.policy = policy
+        self.model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
+        self.heldout = load_task_split(ctx.config.task, ctx.run_dir, "heldout")
+        self.last_evaluated = -1
+
+    def due(self, version: int) -> bool:
+        every = self.ctx.config.eval.every_versions
+        return version - self.last_evaluated >= every
+
+    def evaluate(self, version: int, state: dict) -> float:
+        from astraflow.models.evaluation import evaluate_exact_match
+
+        started = time.perf_counter()
+        self.model.load_state_dict(state)
+        accuracy = evaluate_exact_match(self.model, self.tokenizer, self.heldout, max_new_tokens=self.ctx.config.rollout.max_new_tokens)
+        self.last_evaluated = version
+        self.ctx.metric("eval.accuracy", accuracy, version, policy=self.policy)
+        self.ctx.metric("eval.seconds", time.perf_counter() - started, version, policy=self.policy)
+        self.ctx.producer.flush()
+        logger.info("version %d: held-out exact match %.3f", version, accuracy)
+        return accuracy
+
+    def run(self, stop: threading.Event) -> None:
+        self.evaluate(0, self.model.state_dict())
+        follower = WeightFollower(self.ctx.log, self.ctx.topics.weights(self.policy), payload=True).start()
+        try:
+            while not stop.is_set():
+                pending = follower.take()
+                if pending is None:
+                    follower.wait_for(max(follower.latest_version, self.last_evaluated) + 1, timeout=0.5)
+                    continue
+                version, state = pending
+                if self.due(version):
+                    self.evaluate(version, state)
+        finally:
+            follower.close()

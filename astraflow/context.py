@@ -1,0 +1,74 @@
+"""What every component process holds: its log, codec, topic names, metrics and dead letters.
+
+A component gets everything it needs to talk to the rest of the system from a ``ComponentContext``
+built from the run config; it never holds a reference to another component. Metrics and dead
+letters are records like any other, written to ``{run}.metrics`` and ``{run}.deadletter``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from astraflow.config import RunConfig
+from astraflow.log import Log, Message, Producer, open_log
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import DeadLetter, Metric
+from astraflow.topics import RunTopics
+
+logger = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def open_run_log(config: RunConfig, run_dir: Path) -> Log:
+    """The run's log: ``run_dir/log.sqlite`` for the embedded backend, the cluster for Kafka."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return open_log(config.log.backend, path=run_dir / "log.sqlite", bootstrap=config.log.bootstrap)
+
+
+class ComponentContext:
+    """Log, codec, producer and topic names of one component process of one run."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, component: str) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.component = component
+        self.instance = f"{component}-{socket.gethostname()}-{os.getpid()}"
+        self.log = open_run_log(config, run_dir)
+        self.codec = Codec()
+        self.topics = RunTopics(config.run, config.workflow, (config.policy,))
+        self.topics.ensure(self.log, config.log.partitions)
+        self.producer: Producer = self.log.producer()
+        self.dead_letters = 0
+
+    def metric(self, name: str, value: float, step: int, **labels: str) -> None:
+        """Queue one metric record (sent with the next flush)."""
+        record = Metric(self.component, name, float(value), int(step), now_ms(), {"instance": self.instance, **labels})
+        self.producer.send(self.topics.metrics(), self.codec.encode(record), key=self.component.encode())
+
+    def dead_letter(self, message: Message | None, reason: str, error: BaseException | None = None) -> None:
+        """Queue a dead-letter record holding the raw bytes and why they could not be processed."""
+        self.dead_letters += 1
+        logger.warning("dead-lettering a record from %s: %s", message.topic if message else "-", reason)
+        record = DeadLetter(
+            origin=self.instance,
+            reason=reason,
+            error_type=type(error).__name__ if error else "",
+            topic=message.topic if message else "",
+            partition=message.partition if message else -1,
+            offset=message.offset if message else -1,
+            key=message.key if message else None,
+            payload=message.value if message else b"",
+            created_ms=now_ms(),
+        )
+        self.producer.send(self.topics.deadletter(), self.codec.encode(record))
+
+    def close(self) -> None:
+        self.producer.close()
+        self.log.close()

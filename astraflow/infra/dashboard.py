@@ -1,0 +1,52 @@
+"""The live dashboard of ``astraflow run`` (rich): version, accuracy, reward, staleness, rates."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+
+class Dashboard:
+    """Renders a ``RunMonitor``'s state; disabled, it renders nothing (for tests and pipes)."""
+
+    def __init__(self, monitor, enabled: bool) -> None:
+        self.monitor = monitor
+        self.live = Live(auto_refresh=False) if enabled else None
+
+    def __enter__(self) -> "Dashboard":
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def refresh(self, children: list) -> None:
+        if self.live is None:
+            return
+        m = self.monitor
+        status = Table(title=f"AstraFlow run '{m.config.run}' on the {m.config.log.backend} log", show_header=False)
+        acc = m.accuracy
+        base = acc.get(0)
+        latest = acc[max(acc)] if acc else None
+        reward = sum(m.rewards) / len(m.rewards) if m.rewards else None
+        rows = [
+            ("elapsed", f"{time.monotonic() - m.started:.0f} s of {m.config.stop.max_minutes * 60:.0f} s"),
+            ("weight version", str(m.version)),
+            ("held-out accuracy", "-" if latest is None else f"{latest:.3f} (base {base if base is None else f'{base:.3f}'}, best {max(acc.values()):.3f})"),
+            ("mean group reward (last 200)", "-" if reward is None else f"{reward:.3f}"),
+            ("staleness (versions)", f"{m.latest.get('stream.staleness', 0):.0f}"),
+            ("trainer step time", f"{m.latest.get('train.step_seconds', 0):.2f} s"),
+        ]
+        rows += [(f"records/s {name}", f"{rate:.0f}") for name, rate in m.rates.items()]
+        for key, value in rows:
+            status.add_row(key, value)
+        procs = Table("component", "pid", "state", "restarts")
+        for child in children:
+            code = child.process.poll()
+            procs.add_row(child.name, str(child.process.pid), "running" if code is None else f"exit {code}", str(child.restarts))
+        self.live.update(Group(status, procs, *m.notes), refresh=True)

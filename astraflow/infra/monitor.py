@@ -1,0 +1,126 @@
+"""The run monitor: follows ``{run}.metrics``, keeps ``metrics.jsonl``, shows the live dashboard.
+
+It is an analysis consumer like any other (no group, nothing committed), so it never slows the
+components. Records/s per topic comes from the topics' end offsets, sampled each refresh.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+
+from astraflow.config import RunConfig
+from astraflow.errors import AstraFlowError
+from astraflow.log import Log, TopicPartition
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import Metric
+from astraflow.topics import RunTopics
+
+REFRESH_S = 1.0
+
+
+class RunMonitor:
+    """Collects metrics of one run and decides when the run is done."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, log: Log, topics: RunTopics) -> None:
+        self.config = config
+        self.log = log
+        self.topics = topics
+        self.codec = Codec()
+        self.started = time.monotonic()
+        self.started_ms = int(time.time() * 1000)
+        self.out = (run_dir / "metrics.jsonl").open("a")
+        self.consumer = log.consumer(group_id=None)
+        self.consumer.assign([TopicPartition(topics.metrics(), 0)])
+        self.consumer.seek_to_beginning()
+        self.accuracy: dict[int, float] = {}
+        self.latest: dict[str, float] = {}
+        self.rewards: deque[float] = deque(maxlen=200)
+        self.version = 0
+        self.notes: deque[str] = deque(maxlen=4)
+        self.rates: dict[str, float] = {}
+        self._last_ends: tuple[float, dict[str, int]] | None = None
+
+    def _consume(self, timeout: float) -> None:
+        for message in self.consumer.poll(max_records=5000, timeout=timeout):
+            try:
+                metric = self.codec.decode(message.value, expect=Metric)
+            except AstraFlowError as exc:
+                self.notes.append(f"bad metric record at offset {message.offset}: {exc}")
+                continue
+            wall = (metric.created_ms - self.started_ms) / 1000
+            self.out.write(json.dumps({"component": metric.component, "name": metric.name, "value": metric.value, "step": metric.step, "wall_s": round(wall, 3), "labels": metric.labels}) + "\n")
+            self.latest[metric.name] = metric.value
+            if metric.name == "eval.accuracy":
+                self.accuracy[metric.step] = metric.value
+            elif metric.name == "train.version":
+                self.version = max(self.version, int(metric.value))
+            elif metric.name == "stream.group_reward":
+                self.rewards.append(metric.value)
+        self.out.flush()
+
+    def _sample_rates(self) -> None:
+        names = [self.topics.tasks(), self.topics.trajectories(self.config.policy), self.topics.samples(self.config.policy)]
+        ends = {name: sum(self.log.end_offsets(name).values()) for name in names}
+        now = time.monotonic()
+        if self._last_ends is not None:
+            then, previous = self._last_ends
+            self.rates = {name: (ends[name] - previous[name]) / max(now - then, 1e-6) for name in names}
+        self._last_ends = (now, ends)
+
+    def done(self) -> str | None:
+        """Why the run should stop now, or ``None``."""
+        stop = self.config.stop
+        if time.monotonic() - self.started > stop.max_minutes * 60:
+            return f"time budget of {stop.max_minutes} min reached"
+        if stop.target_accuracy is not None and self.accuracy and self.accuracy[max(self.accuracy)] >= stop.target_accuracy:
+            return f"held-out accuracy reached {stop.target_accuracy}"
+        if stop.max_versions is not None and self.version >= stop.max_versions:
+            return f"{stop.max_versions} versions trained"
+        return None
+
+    def follow(self, children: list, dashboard: bool) -> None:
+        from astraflow.infra.dashboard import Dashboard
+
+        with Dashboard(self, enabled=dashboard) as view:
+            while True:
+                self._consume(timeout=REFRESH_S)
+                self._sample_rates()
+                for child in children:
+                    note = child.check()
+                    if note:
+                        self.notes.append(note)
+                view.refresh(children)
+                reason = self.done()
+                if reason:
+                    self.notes.append(f"stopping: {reason}")
+                    view.refresh(children)
+                    return
+
+    def drain(self) -> None:
+        """Read the metrics the components flushed while stopping."""
+        deadline = time.monotonic() + 10
+        self._consume(timeout=1.0)
+        while any(self.consumer.lag().values()) and time.monotonic() < deadline:
+            self._consume(timeout=1.0)
+        self.out.close()
+        self.consumer.close()
+
+    def summary(self, warmup_seconds: float, interrupted: bool) -> dict:
+        versions = sorted(self.accuracy)
+        trajectories = sum(self.log.end_offsets(self.topics.trajectories(self.config.policy)).values())
+        return {
+            "run": self.config.run,
+            "backend": self.config.log.backend,
+            "base_accuracy": self.accuracy.get(0, float("nan")),
+            "final_accuracy": self.accuracy[versions[-1]] if versions else float("nan"),
+            "best_accuracy": max(self.accuracy.values()) if versions else float("nan"),
+            "accuracy_by_version": {str(v): self.accuracy[v] for v in versions},
+            "versions": self.version,
+            "trajectories": trajectories,
+            "wall_seconds": time.monotonic() - self.started,
+            "warmup_seconds": warmup_seconds,
+            "interrupted": interrupted,
+        }

@@ -1,0 +1,26 @@
+"""Where a run's base checkpoint lives: ``model.path`` when given, else ``{run_dir}/base``.
+
+``astraflow warmup`` (or the first stage of ``astraflow run``) writes ``{run_dir}/base``; every
+component loads the policy from the path this module returns, with the same code for a tiny
+warmed-up model and a real checkpoint on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from astraflow.config import RunConfig
+from astraflow.errors import ConfigError
+
+
+def base_checkpoint_dir(config: RunConfig, run_dir: Path) -> Path:
+    return Path(config.model.path) if config.model.path else run_dir / "base"
+
+
+def base_checkpoint_path(config: RunConfig, run_dir: Path) -> Path:
+    """The base checkpoint directory, which must exist (``ConfigError`` saying how to make it)."""
+    path = base_checkpoint_dir(config, run_dir)
+    if not (path / "config.json").is_file():
+        hint = "check model.path" if config.model.path else f"run `astraflow warmup CONFIG --run-dir {run_dir}` first"
+        raise ConfigError(f"no base checkpoint at {path}: {hint}")
+    return path

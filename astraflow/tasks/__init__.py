@@ -1,0 +1,1 @@
+"""Task datasets and their reward functions (light: no torch, so the task feeder imports them fast)."""

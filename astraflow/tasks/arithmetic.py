@@ -1,0 +1,76 @@
+"""Two-digit addition: a deterministic dataset and its exact-match reward.
+
+Prompts look like ``"12+35="`` and answers like ``"47"``; both operands are in [10, 99], so there are
+8,100 problems and answers have two or three digits. The split is a seeded shuffle, so the same seed
+gives the same train/held-out files on every machine. The files are jsonl with one
+``{"prompt_id", "prompt", "answer"}`` object per line, the format the task feeder reads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from astraflow.errors import RewardError
+
+OPERAND_RANGE = range(10, 100)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its reference answer."""
+
+    prompt_id: str
+    prompt: str
+    answer: str
+
+
+def addition_problems(seed: int = 0, heldout_size: int = 500) -> tuple[list[Problem], list[Problem]]:
+    """All 8,100 two-digit additions, shuffled by ``seed`` and split into (train, held-out)."""
+    problems = [
+        Problem(prompt_id=f"add-{a}-{b}", prompt=f"{a}+{b}=", answer=str(a + b))
+        for a in OPERAND_RANGE
+        for b in OPERAND_RANGE
+    ]
+    if not 0 < heldout_size < len(problems):
+        raise ValueError(f"heldout_size must be in (0, {len(problems)}), got {heldout_size}")
+    random.Random(seed).shuffle(problems)
+    return problems[heldout_size:], problems[:heldout_size]
+
+
+def write_jsonl(path: str | Path, problems: Iterable[Problem]) -> Path:
+    """Write one problem per line; returns ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("w", encoding="utf-8") as handle:
+        for problem in problems:
+            handle.write(json.dumps(asdict(problem)) + "\n")
+    return target
+
+
+def read_jsonl(path: str | Path) -> list[Problem]:
+    """The problems written by ``write_jsonl``."""
+    with Path(path).open(encoding="utf-8") as handle:
+        return [Problem(**json.loads(line)) for line in handle if line.strip()]
+
+
+def extract_answer(response_text: str) -> str:
+    """The response up to its first newline (eos is already stripped by decoding), without spaces."""
+    return response_text.split("\n", 1)[0].strip()
+
+
+def exact_match_reward(response_text: str, answer: str) -> float:
+    """1.0 when the extracted answer equals ``answer`` exactly, else 0.0.
+
+    Malformed output ("4 7", "047", "") is a wrong answer and scores 0. Inputs that are not
+    strings mean the caller is broken, not the model: that raises ``RewardError`` instead of
+    silently scoring 0.
+    """
+    if not isinstance(response_text, str) or not isinstance(answer, str):
+        raise RewardError(
+            f"exact_match_reward needs two strings, got {type(response_text).__name__} and {type(answer).__name__}"
+        )
+    return 1.0 if extract_answer(response_text) == answer.strip() else 0.0

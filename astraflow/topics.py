@@ -1,0 +1,68 @@
+"""Topic names and settings of a run: ``{run}.{kind}.{name}`` (see DESIGN.md, "Topics and records").
+
+One place decides every topic's partitions and limits so that all components, on either backend,
+create and read the same layout. The weights topic has two partitions on purpose: manifests go to
+partition 0 and payload chunks to partition 1, so components that only need the trainer's current
+version (feeder back-pressure, staleness filter) read the small manifests and never the chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from astraflow.log import Log, TopicSpec
+
+WEIGHTS_MANIFEST_PARTITION = 0
+WEIGHTS_CHUNK_PARTITION = 1
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RunTopics:
+    """The topic names of one run for one workflow and its policies."""
+
+    run: str
+    workflow: str
+    policies: tuple[str, ...]
+
+    def tasks(self) -> str:
+        return f"{self.run}.tasks.{self.workflow}"
+
+    def trajectories(self, policy: str) -> str:
+        return f"{self.run}.trajectories.{policy}"
+
+    def samples(self, policy: str) -> str:
+        return f"{self.run}.samples.{policy}"
+
+    def weights(self, policy: str) -> str:
+        return f"{self.run}.weights.{policy}"
+
+    def feedback(self) -> str:
+        return f"{self.run}.feedback.{self.workflow}"
+
+    def metrics(self) -> str:
+        return f"{self.run}.metrics"
+
+    def deadletter(self) -> str:
+        return f"{self.run}.deadletter"
+
+    def specs(self, partitions: int, chunk_bytes: int = 4 * MiB) -> list[TopicSpec]:
+        """Every topic of the run with its settings (``partitions`` for the shared-work topics)."""
+        specs = [
+            TopicSpec(self.tasks(), partitions=partitions),
+            TopicSpec(self.feedback(), partitions=1),
+            TopicSpec(self.metrics(), partitions=1),
+            TopicSpec(self.deadletter(), partitions=1, max_message_bytes=32 * MiB),
+        ]
+        for policy in self.policies:
+            specs += [
+                TopicSpec(self.trajectories(policy), partitions=partitions),
+                TopicSpec(self.samples(policy), partitions=1),
+                TopicSpec(self.weights(policy), partitions=2, max_message_bytes=chunk_bytes + MiB),
+            ]
+        return specs
+
+    def ensure(self, log: Log, partitions: int) -> None:
+        """Create whatever topics of the run do not exist yet (idempotent, safe from any process)."""
+        for spec in self.specs(partitions):
+            log.create_topic(spec, exist_ok=True)

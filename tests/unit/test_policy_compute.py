@@ -1,0 +1,126 @@
+"""The tiny model, the engine and the trainer step agree with each other on a real (tiny) model."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from astraflow.consumers.policy_step import (
+    PolicyExample,
+    PolicyStepConfig,
+    PolicyTrainer,
+    collate,
+    response_logprobs,
+)
+from astraflow.consumers.warmup import supervised_warmup
+from astraflow.errors import ConfigError
+from astraflow.models.evaluation import evaluate_exact_match
+from astraflow.models.loading import load_policy, save_policy
+from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.producers.engine import TorchEngine
+from astraflow.tasks.arithmetic import addition_problems
+
+SMALL = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("text", ["12+35=", "99+99=198", "a b\nc", ""])
+def test_tokenizer_round_trip(text: str) -> None:
+    tokenizer = build_char_tokenizer("0123456789+= abc\n")
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode([*ids, tokenizer.eos_token_id], skip_special_tokens=True) == text
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 1)
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SMALL).eval()
+    save_policy(model, tokenizer, tmp_path / "policy")
+    loaded, loaded_tokenizer = load_policy(tmp_path / "policy")
+    ids = torch.tensor([tokenizer("12+35=")["input_ids"]])
+    assert loaded_tokenizer("12+35= \n")["input_ids"] == tokenizer("12+35= \n")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    with pytest.raises(ConfigError):
+        load_policy(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_engine_logprobs_equal_a_fresh_forward_pass(temperature: float) -> None:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SMALL)
+    engine = TorchEngine(model, tokenizer, seed=0)
+    groups = engine.generate(["12+35=", "1+1=", "99+99=", "7"], n=3, max_new_tokens=6, temperature=temperature)
+    assert [len(group) for group in groups] == [3, 3, 3, 3]
+    generations = [generation for group in groups for generation in group]
+    assert {generation.finish_reason for generation in generations} <= {"stop", "length"}
+    examples = [
+        PolicyExample(g.prompt_ids, g.response_ids, g.logprobs, np.ones(len(g.response_ids), np.uint8), 0.0)
+        for g in generations
+    ]
+    batch = collate(examples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        fresh = response_logprobs(model, batch, temperature)
+    torch.testing.assert_close(fresh * batch.loss_mask, batch.behaviour_logprobs, atol=1e-4, rtol=0)
+
+
+def test_engine_stops_at_eos_and_swaps_weights() -> None:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SMALL)
+    engine = TorchEngine(model, tokenizer, seed=0)
+    eos_bias = torch.zeros(len(tokenizer))
+    eos_bias[tokenizer.eos_token_id] = 100.0
+    hook = model.lm_head.register_forward_hook(lambda _module, _inputs, logits: logits + eos_bias)
+    (generation,) = engine.generate(["12+35="], n=1, max_new_tokens=5, temperature=1.0)[0]
+    hook.remove()
+    assert generation.finish_reason == "stop"
+    assert generation.response_ids.tolist() == [tokenizer.eos_token_id] and generation.text == ""
+    assert generation.logprobs.tolist() == pytest.approx([0.0], abs=1e-6)
+    fresh = build_tiny_model(tokenizer, SMALL)
+    engine.load_state_dict(fresh.state_dict(), version=7)
+    assert engine.version == 7
+    torch.testing.assert_close(model.lm_head.weight, fresh.lm_head.weight)
+
+
+def test_micro_batches_give_the_full_batch_gradient() -> None:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SMALL)
+    engine = TorchEngine(model, tokenizer, seed=0)
+    groups = engine.generate(["12+35=", "40+2="], n=3, max_new_tokens=4, temperature=1.0)
+    examples = [
+        PolicyExample(g.prompt_ids, g.response_ids, g.logprobs, np.ones(len(g.response_ids), np.uint8), adv)
+        for group in groups
+        for g, adv in zip(group, [1.0, -0.5, -0.5], strict=True)
+    ]
+    whole = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, PolicyStepConfig(lr=0.0))
+    split = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, PolicyStepConfig(lr=0.0, micro_batch_size=4))
+    stats = whole.step(examples)
+    split_stats = split.step(examples)
+    assert stats.version == split_stats.version == 1
+    assert stats.loss == pytest.approx(split_stats.loss, abs=1e-6)
+    assert stats.loss_stats["ratio_mean"] == pytest.approx(1.0)
+    for a, b in zip(whole.model.parameters(), split.model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_warmup_raises_exact_match() -> None:
+    tokenizer = build_char_tokenizer("0123456789+=")
+    model = build_tiny_model(tokenizer, TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
+    train, _ = addition_problems(seed=0, heldout_size=100)
+    memorise = train[:16]
+    before = evaluate_exact_match(model, tokenizer, memorise)
+    result = supervised_warmup(
+        model, tokenizer, memorise, memorise, target_em=0.5, max_steps=300, batch_size=16, lr=1e-2, eval_every=20
+    )
+    assert result.heldout_em >= 0.5 > before
+    assert result.curve[0][2] == before and result.curve[-1][2] == result.heldout_em
