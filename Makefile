@@ -1,0 +1,13 @@
+# The two entry points of README.md. Each creates or reuses .venv from uv.lock first.
+.PHONY: demo test
+
+# The main job: a small RL run on the embedded log that visibly learns (~10 min on 2 cores).
+demo:
+	scripts/setup.sh
+	.venv/bin/astraflow run examples/math/config.yaml --run-dir runs/demo
+
+# The test suite; it starts a real Apache Kafka broker itself (Docker if present, else local jars).
+test:
+	scripts/setup.sh test
+	scripts/ensure-java.sh
+	.venv/bin/python -m pytest -q
