@@ -156,7 +156,7 @@ def main() -> None:
     from astraflow.errors import AstraFlowError
 
     try:
-        app(standalone_mode=False)
+        app()
     except AstraFlowError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from exc

@@ -1,7 +1,9 @@
 """What every component process holds: its log, codec, topic names, metrics and dead letters.
 
 A component gets everything it needs to talk to the rest of the system from a ``ComponentContext``
-built from the run config; it never holds a reference to another component. Metrics and dead
+built from the run config; it never holds a reference to another component. Its codec's schema
+store is the log's ``_astraflow.schemas`` topic, so every schema a component writes with is on the
+log for readers that do not ship it. Metrics and dead
 letters are records like any other, written to ``{run}.metrics`` and ``{run}.deadletter``.
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from astraflow.config import RunConfig
 from astraflow.log import Log, Message, Producer, open_log
 from astraflow.schemas.codec import Codec
+from astraflow.schemas.store import LogSchemaStore
 from astraflow.schemas.records import DeadLetter, Metric
 from astraflow.topics import RunTopics
 
@@ -41,7 +44,8 @@ class ComponentContext:
         self.component = component
         self.instance = f"{component}-{socket.gethostname()}-{os.getpid()}"
         self.log = open_run_log(config, run_dir)
-        self.codec = Codec()
+        self.schemas = LogSchemaStore(self.log)
+        self.codec = Codec(self.schemas)
         self.topics = RunTopics(config.run, config.workflow, (config.policy,))
         self.topics.ensure(self.log, config.log.partitions)
         self.producer: Producer = self.log.producer()
@@ -71,4 +75,5 @@ class ComponentContext:
 
     def close(self) -> None:
         self.producer.close()
+        self.schemas.close()
         self.log.close()

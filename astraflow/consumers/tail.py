@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from astraflow.errors import AstraFlowError
 from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec, to_jsonable
+from astraflow.schemas.store import LogSchemaStore
 
 
 def tail_topic(
@@ -26,7 +27,8 @@ def tail_topic(
     idle_timeout: float | None = None,
 ) -> Iterator[str]:
     """Yield one JSON line per record of ``topic`` until ``limit`` records or ``idle_timeout`` idle seconds."""
-    codec = Codec()
+    schemas = LogSchemaStore(log)
+    codec = Codec(schemas)
     spec = log.describe_topic(topic)
     consumer = log.consumer(group_id=group, auto_offset_reset="earliest" if from_beginning else "latest")
     partitions = [TopicPartition(topic, p) for p in range(spec.partitions)]
@@ -58,3 +60,4 @@ def tail_topic(
                 consumer.commit()
     finally:
         consumer.close()
+        schemas.close()
