@@ -90,7 +90,8 @@ def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, temperature: f
 class PolicyStepConfig:
     """Optimizer and loss settings of ``PolicyTrainer``."""
 
-    lr: float = 2e-3
+    lr: float = 1e-3
+    warmup_steps: int = 0  # linear lr warm-up; a fresh AdamW's first steps move every weight by ~lr
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -128,6 +129,9 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+        )
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples`` (split into micro-batches if configured)."""
@@ -161,6 +165,7 @@ class PolicyTrainer:
                 weighted[name] = weighted.get(name, 0.0) + value * stats.tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
         self.optimizer.step()
+        self.scheduler.step()
         self.version += 1
         return StepStats(
             version=self.version,

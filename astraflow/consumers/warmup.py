@@ -8,6 +8,7 @@ masked) on the train split, stopped as soon as greedy held-out exact match reach
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from astraflow.consumers.policy_step import PolicyExample, collate, response_logprobs
 from astraflow.models.evaluation import evaluate_exact_match
 from astraflow.tasks.arithmetic import Problem
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,5 +88,6 @@ def supervised_warmup(
         if step % eval_every == 0 or step == max_steps:
             em = evaluate_exact_match(model, tokenizer, heldout, max_new_tokens=max_new_tokens)
             curve.append((step, time.perf_counter() - started, em))
+            logger.info("warm-up step %d: held-out exact match %.3f (%.0f s)", step, em, curve[-1][1])
     model.eval()
     return WarmupResult(steps=step, heldout_em=em, seconds=time.perf_counter() - started, curve=curve)

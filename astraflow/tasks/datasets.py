@@ -6,6 +6,7 @@ the evaluator and a later replay all read the very same rows.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +30,10 @@ def load_task_split(task: TaskConfig, run_dir: Path, split: Split) -> list[Probl
         return rows
     path = run_dir / "data" / f"{split}.jsonl"
     if not path.is_file():
+        # several components may get here at once: each writes its own file and renames it into
+        # place, so a reader never sees a half-written split (they are identical by the seed)
         train, heldout = addition_problems(seed=task.seed, heldout_size=task.heldout_size)
-        write_jsonl(run_dir / "data" / "train.jsonl", train)
-        write_jsonl(run_dir / "data" / "heldout.jsonl", heldout)
+        for name, rows in (("train", train), ("heldout", heldout)):
+            tmp = write_jsonl(run_dir / "data" / f".{name}.{os.getpid()}.jsonl", rows)
+            os.replace(tmp, run_dir / "data" / f"{name}.jsonl")
     return read_jsonl(path)

@@ -1,0 +1,51 @@
+"""End-to-end fixtures: a warmed-up base checkpoint shared by every e2e test, and run configs.
+
+The base checkpoint is built once by ``astraflow warmup`` (a real subprocess) and cached under
+``ASTRAFLOW_CACHE`` like a user's would be, so the e2e tests pay the warm-up at most once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
+ASTRAFLOW = Path(sys.executable).with_name("astraflow")
+
+
+def write_config(path: Path, **sections: dict) -> Path:
+    """The example config with ``sections`` merged over it, written to ``path``."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            raw.setdefault(name, {}).update(values)
+        else:
+            raw[name] = values
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="session")
+def warmed_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory template holding ``base/``, the warmed-up checkpoint."""
+    run_dir = tmp_path_factory.mktemp("warm")
+    config = write_config(run_dir / "config.yaml")
+    result = subprocess.run([str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "base" / "config.json").is_file()
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(warmed_run_dir: Path, tmp_path: Path) -> Path:
+    """A fresh run directory that starts from the shared base checkpoint."""
+    import shutil
+
+    target = tmp_path / "run"
+    target.mkdir()
+    shutil.copytree(warmed_run_dir / "base", target / "base")
+    return target
