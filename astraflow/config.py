@@ -81,6 +81,10 @@ class WarmupConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    workflow: Literal["single_turn"] = "single_turn"
+    """Episode logic run by the producers: ``single_turn`` samples one answer per prompt and scores it."""
+    reward: Literal["exact_match"] = "exact_match"
+    """Reward function of the workflow: ``exact_match`` is 1 for the reference answer, else 0."""
     producers: int = Field(default=1, ge=1, le=64)
     """Rollout producer processes started by ``astraflow run``."""
     group_size: int = Field(default=8, ge=1, le=1024)

@@ -1,0 +1,126 @@
+"""Workflows: what a rollout producer does with a batch of tasks, policy by policy.
+
+A workflow receives the engines of the policies it involves (by policy name) and a batch of
+tasks, and returns, per task, either its trajectories or the reason it failed. Workflows own the
+episode logic (turns, tools, rewards); the producer only moves records. Batching across tasks
+lets one engine call serve many episodes.
+
+Rewards that raise are failures of the task (dead-lettered with the reason by the producer),
+never a silent zero: a wrong answer scores 0, a broken reward function is an error.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from astraflow.errors import ConfigError, RewardError
+from astraflow.schemas.records import RolloutTask, Trajectory, Turn
+
+
+@dataclass
+class Provenance:
+    """Who produced the trajectories: recorded on every one of them."""
+
+    producer_id: str
+    region: str
+    hardware: str
+
+
+@dataclass
+class TaskOutcome:
+    """The trajectories of one task, or why there are none."""
+
+    task: RolloutTask
+    trajectories: list[Trajectory] = field(default_factory=list)
+    error: Exception | None = None
+
+
+class Workflow(ABC):
+    """Runs episodes of a batch of tasks with the engines of the policies involved."""
+
+    policies: tuple[str, ...]
+
+    @abstractmethod
+    def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+        """One outcome per task, in task order."""
+
+
+class SingleTurnWorkflow(Workflow):
+    """One policy answers each prompt ``group_size`` times; a reward function scores each answer."""
+
+    def __init__(self, policy: str, reward: Callable[[str, str], float], max_new_tokens: int, temperature: float) -> None:
+        self.policies = (policy,)
+        self.policy = policy
+        self.reward = reward
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+
+    def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+        engine = engines[self.policy]
+        started = time.perf_counter()
+        groups = engine.generate([t.prompt for t in tasks], n=tasks[0].group_size, max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+        generate_ms = (time.perf_counter() - started) * 1000 / max(len(tasks), 1)
+        outcomes = []
+        for task, generations in zip(tasks, groups):
+            outcome = TaskOutcome(task)
+            try:
+                for index, generation in enumerate(generations):
+                    t0 = time.perf_counter()
+                    reward = self.reward(generation.text, task.reference)
+                    reward_ms = (time.perf_counter() - t0) * 1000
+                    outcome.trajectories.append(self._trajectory(task, index, generation, reward, engine.version, generate_ms, reward_ms, provenance))
+            except RewardError as exc:
+                outcome.trajectories, outcome.error = [], exc
+            outcomes.append(outcome)
+        return outcomes
+
+    def _trajectory(self, task: RolloutTask, index: int, gen, reward: float, version: int, generate_ms: float, reward_ms: float, provenance: Provenance) -> Trajectory:
+        n = len(gen.response_ids)
+        trajectory_id = f"{task.task_id}/{index}"
+        return Trajectory(
+            trajectory_id=trajectory_id,
+            episode_id=trajectory_id,
+            group_id=task.group_id,
+            task_id=task.task_id,
+            prompt_id=task.prompt_id,
+            policy=self.policy,
+            workflow=task.workflow,
+            prompt_ids=gen.prompt_ids,
+            response_ids=gen.response_ids,
+            behaviour_logprobs=gen.logprobs,
+            token_versions=np.full(n, version, dtype=np.int32),
+            loss_mask=np.ones(n, dtype=np.uint8),
+            reward=float(reward),
+            reward_components={"reward": float(reward)},
+            turns=[Turn("policy", 0, n, version)],
+            response_text=gen.text,
+            finish_reason=gen.finish_reason,
+            group_size=task.group_size,
+            producer_id=provenance.producer_id,
+            region=provenance.region,
+            hardware=provenance.hardware,
+            generate_ms=generate_ms,
+            reward_ms=reward_ms,
+            created_ms=int(time.time() * 1000),
+        )
+
+
+def reward_function(name: str) -> Callable[[str, str], float]:
+    """The reward function named in the config."""
+    if name == "exact_match":
+        from astraflow.tasks.arithmetic import exact_match_reward
+
+        return exact_match_reward
+    raise ConfigError(f"rollout.reward: unknown reward {name!r}; choose 'exact_match'")
+
+
+def build_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, temperature: float) -> Workflow:
+    """The workflow named by ``rollout.workflow``."""
+    if kind == "single_turn":
+        return SingleTurnWorkflow(policy, reward_function(reward), max_new_tokens, temperature)
+    raise ConfigError(f"rollout.workflow: unknown workflow {kind!r}; choose 'single_turn'")
