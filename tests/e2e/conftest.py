@@ -34,7 +34,7 @@ def warmed_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory template holding ``base/``, the warmed-up checkpoint."""
     run_dir = tmp_path_factory.mktemp("warm")
     config = write_config(run_dir / "config.yaml")
-    result = subprocess.run([str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=900)
+    result = subprocess.run([str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=1700)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "base" / "config.json").is_file()
     return run_dir

@@ -21,7 +21,8 @@ from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
 from tests.e2e.conftest import ASTRAFLOW, write_config
 
-pytestmark = pytest.mark.e2e
+# a cold warm-up (no cached base checkpoint) is part of the first test that needs it
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -17,7 +17,8 @@ from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory
 from tests.e2e.conftest import ASTRAFLOW, write_config
 
-pytestmark = pytest.mark.e2e
+# a cold warm-up (no cached base checkpoint) is part of the first test that needs it
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def run(config: Path, run_dir: Path, *extra: str, timeout: float) -> dict:
