@@ -7,10 +7,18 @@ zero-variance groups (DAPO dynamic sampling, counted) and takes one optimizer st
 Held-out greedy EM is measured every ``eval_every`` steps; evaluation time is left out of the RL
 clock (the async system's evaluator runs elsewhere) and reported apart.
 
-    .venv/bin/python benchmarks/prototype_grpo.py                  # warm-up + the tuned variant
-    .venv/bin/python benchmarks/prototype_grpo.py --variants all   # the sweep recorded in the JSON
+    .venv/bin/python benchmarks/prototype_grpo.py                               # warm-up + tuned
+    .venv/bin/python benchmarks/prototype_grpo.py --reuse-base --variants all   # the sweep, same base
 
 Writes ``benchmarks/results/prototype_grpo.json`` (inputs, machine, curves) and a PNG of EM vs time.
+
+Measured (2 threads, machine shared with other work): warm-up 210 steps of 64 at lr 1e-3, 16.8 s,
+to EM 0.300; then ``TUNED`` (64 prompts x 8, lr 3e-4, 30 warm-up steps, cosine to 3e-5 over 300
+steps, T = 1) reaches 0.902 at step 320, 143.7 s of RL (69 ms sampling + 380 ms training per step),
+160.5 s in all. What mattered: the warm-up lr (3e-3 needs 7x the steps and leaves a base RL barely
+moves), an lr warm-up (a fresh AdamW's first step at 2e-3 takes EM 0.33 -> 0.05), lr <= 3e-4 (higher
+collapses to confidently wrong answers), and decaying the lr (at a constant lr greedy EM oscillates
+around 0.85 and does not settle above 0.9).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import os
 import platform
 import random
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,21 +55,24 @@ class GrpoConfig:
 
     prompts: int = 64
     group: int = 8
-    lr: float = 2e-4
-    warmup_steps: int = 10
+    lr: float = 3e-4
+    warmup_steps: int = 30
+    decay_steps: int = 300
     betas: tuple[float, float] = (0.9, 0.99)
     temperature: float = 1.0
     max_new_tokens: int = 4
 
 
 TUNED = GrpoConfig()
-VARIANTS: dict[str, GrpoConfig] = {
+VARIANTS: dict[str, GrpoConfig] = {  # the sweep recorded in results/prototype_grpo.json, all from one base
     "tuned": TUNED,
+    "warmup10": replace(TUNED, warmup_steps=10),
+    "lr2e-4-decay400": replace(TUNED, lr=2e-4, warmup_steps=10, decay_steps=400),
+    "lr5e-4-warmup30": replace(TUNED, lr=5e-4),
+    "t0.8": replace(TUNED, warmup_steps=10, temperature=0.8),
+    "decay200": replace(TUNED, decay_steps=200),
     "p32": replace(TUNED, prompts=32),
-    "lr3e-4": replace(TUNED, lr=3e-4),
-    "lr1e-4": replace(TUNED, lr=1e-4),
-    "g16": replace(TUNED, prompts=32, group=16),
-    "t0.8": replace(TUNED, temperature=0.8),
+    "p32-decay200": replace(TUNED, prompts=32, decay_steps=200),
 }
 
 
@@ -85,12 +97,13 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
     model, tokenizer = load_policy(base)
     engine = TorchEngine(model, tokenizer, seed=args.seed)
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(
-        lr=config.lr, warmup_steps=config.warmup_steps, betas=config.betas, temperature=config.temperature))
+        lr=config.lr, warmup_steps=config.warmup_steps, decay_steps=config.decay_steps, betas=config.betas, temperature=config.temperature))
     rng = random.Random(args.seed)
     em = evaluate_exact_match(model, tokenizer, heldout)
     curve = [{"step": 0, "seconds": 0.0, "cpu_seconds": 0.0, "heldout_em": em}]
     clock = cpu = sample_s = train_s = 0.0
     dropped = kept = 0
+    step_seconds: list[float] = []
     step = 0
     while em < args.target and clock < args.max_seconds:
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -116,6 +129,7 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
         sample_s += sampled - started
         train_s += ended - sampled
         clock += ended - started
+        step_seconds.append(ended - started)
         cpu += time.process_time() - cpu_started
         if step % args.eval_every == 0:
             em = evaluate_exact_match(model, tokenizer, heldout)
@@ -125,6 +139,8 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
     return {"name": name, "config": asdict(config), "reached": em >= args.target, "loadavg_1min_at_end": os.getloadavg()[0],
             "seconds_to_target": clock if em >= args.target else None, "steps": step,
             "sample_seconds": sample_s, "train_seconds": train_s, "cpu_seconds": cpu,
+            "step_seconds_median": float(np.median(step_seconds)),
+            "step_seconds_p10": float(np.percentile(step_seconds, 10)),
             "kept_groups": kept, "dropped_groups": dropped, "curve": curve}
 
 
@@ -139,8 +155,8 @@ def main() -> None:
     parser.add_argument("--warmup-lr", type=float, default=1e-3)
     parser.add_argument("--warmup-batch", type=int, default=64)
     parser.add_argument("--warmup-max-steps", type=int, default=5000)
-    parser.add_argument("--warmup-eval-every", type=int, default=5)
-    parser.add_argument("--base", type=Path, default=RESULTS / "prototype_grpo_base",
+    parser.add_argument("--warmup-eval-every", type=int, default=10)
+    parser.add_argument("--base", type=Path, default=Path(tempfile.gettempdir()) / "astraflow_prototype_grpo_base",
                         help="where the warm-up checkpoint is saved (or loaded with --reuse-base)")
     parser.add_argument("--reuse-base", action="store_true", help="skip the warm-up, load --base")
     parser.add_argument("--variants", default="tuned", help="comma-separated names, or 'all'")

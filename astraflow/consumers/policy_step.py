@@ -9,6 +9,7 @@ temperature T (see ``sampling.py``); a different T here would bias every importa
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -86,12 +87,31 @@ def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, temperature: f
     return torch.log_softmax(logits, -1).gather(-1, batch.response_ids[..., None]).squeeze(-1)
 
 
+def lr_factor(step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak lr at optimizer step ``step`` (0-based): linear warm-up, then cosine decay.
+
+    With ``decay_steps`` 0 the lr stays at its peak after warm-up.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if not decay_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 @dataclass
 class PolicyStepConfig:
-    """Optimizer and loss settings of ``PolicyTrainer``."""
+    """Optimizer and loss settings of ``PolicyTrainer``.
 
-    lr: float = 1e-3
-    warmup_steps: int = 0  # linear lr warm-up; a fresh AdamW's first steps move every weight by ~lr
+    Defaults are the recipe tuned for the 4x128 tiny model on 2-digit addition, 64 prompts x 8
+    (benchmarks/prototype_grpo.py): EM 0.30 -> 0.90 in ~320 steps.
+    """
+
+    lr: float = 3e-4
+    warmup_steps: int = 30  # linear lr warm-up; a fresh AdamW's first steps move every weight by ~lr
+    decay_steps: int = 300  # cosine decay to min_lr_ratio * lr over this many steps after warm-up; 0: constant
+    min_lr_ratio: float = 0.1
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -111,7 +131,8 @@ class StepStats:
 
     version: int  # the weight version the step produced
     loss: float
-    grad_norm: float
+    grad_norm: float  # before clipping
+    lr: float
     sequences: int
     tokens: int
     seconds: float
@@ -119,7 +140,11 @@ class StepStats:
 
 
 class PolicyTrainer:
-    """Holds the model and its AdamW optimizer; ``version`` counts optimizer steps taken."""
+    """Holds the model and its AdamW optimizer; ``version`` counts optimizer steps taken.
+
+    The lr of each step is a function of ``version`` (``lr_factor``), not of a scheduler's own
+    counter, so a trainer resumed from a checkpoint only needs its version restored.
+    """
 
     def __init__(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, version: int = 0) -> None:
         self.model = model
@@ -129,12 +154,11 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
-        )
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples`` (split into micro-batches if configured)."""
+        if not examples:
+            raise ValueError("PolicyTrainer.step needs at least one example")
         started = time.perf_counter()
         config = self.config
         self.model.train()
@@ -164,13 +188,16 @@ class PolicyTrainer:
             for name, value in vars(stats).items():
                 weighted[name] = weighted.get(name, 0.0) + value * stats.tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+        lr = config.lr * lr_factor(self.version, config.warmup_steps, config.decay_steps, config.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
-        self.scheduler.step()
         self.version += 1
         return StepStats(
             version=self.version,
             loss=total_loss,
             grad_norm=float(grad_norm),
+            lr=lr,
             sequences=len(examples),
             tokens=int(tokens),
             seconds=time.perf_counter() - started,

@@ -4,6 +4,9 @@ RL from a random model never sees a reward; GRPO needs groups with mixed outcome
 checkpoint is a short supervised fine-tune (cross-entropy on the answer and eos tokens, prompt
 masked) on the train split, stopped as soon as greedy held-out exact match reaches ``target_em``
 (~0.30 in the product target), then saved with ``save_policy``.
+
+Defaults are tuned on the 4x128 tiny model (benchmarks/prototype_grpo.py): lr 1e-3 reaches 0.30 in
+~200 steps of 64, where lr 3e-3 needs ~1,400 and leaves a base that RL improves far more slowly.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def supervised_warmup(
     target_em: float = 0.30,
     max_steps: int = 2000,
     batch_size: int = 64,
-    lr: float = 3e-3,
+    lr: float = 1e-3,
     eval_every: int = 10,
     max_new_tokens: int = 4,
     seed: int = 0,

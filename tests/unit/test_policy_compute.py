@@ -14,6 +14,7 @@ from astraflow.consumers.policy_step import (
     PolicyStepConfig,
     PolicyTrainer,
     collate,
+    lr_factor,
     response_logprobs,
 )
 from astraflow.consumers.warmup import supervised_warmup
@@ -124,3 +125,34 @@ def test_warmup_raises_exact_match() -> None:
     )
     assert result.heldout_em >= 0.5 > before
     assert result.curve[0][2] == before and result.curve[-1][2] == result.heldout_em
+
+
+@pytest.mark.parametrize(
+    ("step", "warmup", "decay", "expected"),
+    [
+        (0, 4, 0, 0.25),
+        (3, 4, 0, 1.0),
+        (100, 4, 0, 1.0),
+        (4, 4, 10, 1.0),  # decay starts at its peak
+        (9, 4, 10, 0.1 + 0.9 * 0.5),  # half-way through the cosine
+        (14, 4, 10, 0.1),
+        (500, 4, 10, 0.1),  # and stays at the floor
+        (0, 0, 10, 1.0),
+    ],
+)
+def test_lr_schedule(step: int, warmup: int, decay: int, expected: float) -> None:
+    assert lr_factor(step, warmup, decay, min_lr_ratio=0.1) == pytest.approx(expected)
+
+
+def test_lr_follows_the_version_so_a_resumed_trainer_keeps_its_schedule() -> None:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SMALL)
+    example = PolicyExample(
+        np.array([4, 5], np.int32), np.array([6, 1], np.int32), np.zeros(2, np.float32), np.ones(2, np.uint8), 1.0
+    )
+    config = PolicyStepConfig(lr=1e-3, warmup_steps=4, decay_steps=10)
+    fresh = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, config)
+    resumed = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, config, version=9)
+    assert fresh.step([example]).lr == pytest.approx(1e-3 * 0.25)
+    stats = resumed.step([example])
+    assert (stats.version, stats.lr) == (10, pytest.approx(1e-3 * lr_factor(9, 4, 10, 0.1)))
