@@ -118,11 +118,11 @@ def run(
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
     from astraflow.infra.launcher import launch
-    from astraflow.infra.process import resolve_config
+    from astraflow.infra.process import default_run_dir, resolve_config
 
     overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
     cfg = resolve_config(config, backend, bootstrap, overrides)
-    directory = run_dir or Path("runs") / cfg.run
+    directory = run_dir or default_run_dir(cfg)
     summary = launch(cfg, directory, dashboard=dashboard)
     typer.echo(f"run directory: {directory}")
     typer.echo(f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in {summary['versions']} versions, {summary['wall_seconds']:.0f} s")
