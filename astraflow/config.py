@@ -8,12 +8,28 @@ saved in the run directory by ``astraflow run`` so a run can be reproduced and r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from astraflow.errors import ConfigError
+from astraflow.streams.specs import (
+    ADVANTAGE_SPECS,
+    OperatorSpec,
+    ReplaySpec,
+    StalenessSpec,
+    ZeroVarianceSpec,
+    check_pipeline,
+)
 
 
 class _Section(BaseModel):
@@ -74,7 +90,7 @@ class WarmupConfig(_Section):
     """Upper bound on warm-up optimizer steps."""
     batch_size: int = Field(default=64, ge=1)
     """Warm-up batch size in examples."""
-    lr: float = Field(default=3e-3, gt=0.0, le=1.0)
+    lr: float = Field(default=1e-3, gt=0.0, le=1.0)
     """Warm-up AdamW learning rate."""
     eval_every: int = Field(default=25, ge=1)
     """Warm-up steps between held-out evaluations."""
@@ -99,26 +115,125 @@ class RolloutConfig(_Section):
     """torch intra-op threads of each producer process."""
 
 
+class AcceptAllCurator(_Section):
+    type: Literal["accept_all"] = "accept_all"
+    """Submit every prompt."""
+
+
+class FilterSolvedCurator(_Section):
+    type: Literal["filter_solved"] = "filter_solved"
+    """Stop submitting prompts whose EWMA pass rate exceeds a threshold."""
+    threshold: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Stop submitting a prompt once the EWMA of its pass rate exceeds this."""
+    alpha: float = Field(default=0.5, gt=0.0, le=1.0)
+    """EWMA weight of a prompt's newest group (1: only the last group counts)."""
+    min_groups: int = Field(default=1, ge=1)
+    """Groups of a prompt observed before it may be filtered."""
+
+
+class GresoCurator(_Section):
+    type: Literal["greso"] = "greso"
+    """GRESO: skip prompts after zero-variance streaks with probability 1 − p^streak."""
+    p_easy: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Initial submit probability base after all-correct groups (submit with p_easy^streak)."""
+    p_hard: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Initial submit probability base after all-wrong groups (submit with p_hard^streak)."""
+    target_easy: float = Field(default=0.083, ge=0.0, le=1.0)
+    """Target share of groups that are all correct; p_easy falls while the share is at or above it."""
+    target_hard: float = Field(default=0.167, ge=0.0, le=1.0)
+    """Target share of groups that are all wrong; p_hard falls while the share is at or above it."""
+    step: float = Field(default=0.01, gt=0.0, le=0.5)
+    """Change of p_easy / p_hard after each adaptation window."""
+    p_min: float = Field(default=0.05, gt=0.0, le=1.0)
+    """Lower bound of p_easy and p_hard."""
+    p_max: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Upper bound of p_easy and p_hard."""
+    adapt_every: int = Field(default=64, ge=1)
+    """Groups of feedback per adaptation window (GRESO adapts once per training batch)."""
+    seed: int = 0
+    """Seed of the submit draws."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "GresoCurator":
+        if not self.p_min <= min(self.p_easy, self.p_hard) <= max(self.p_easy, self.p_hard) <= self.p_max:
+            raise ValueError(f"need p_min ({self.p_min}) <= p_easy, p_hard <= p_max ({self.p_max})")
+        return self
+
+
+CuratorSpec = Annotated[Union[AcceptAllCurator, FilterSolvedCurator, GresoCurator], Field(discriminator="type")]
+
+
 class StreamConfig(_Section):
+    """The stream processor's pipeline and the feeder's curator.
+
+    ``pipeline`` lists the operators (``{op: name, ...params}``, see ``astraflow.streams.specs``).
+    Without it, ``advantage`` and ``drop_zero_variance`` give the default pipeline
+    ``staleness → <advantage> → zero_variance``; with it, they must be left unset.
+    """
+
     max_staleness: int = Field(default=2, ge=0)
-    """Drop a sample when trainer version − its oldest token version exceeds this."""
-    advantage: Literal["grpo"] = "grpo"
-    """Advantage estimator of the group."""
+    """Drop a sample when trainer version − its oldest token version exceeds this (also the feeder's budget)."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    """Advantage estimator of the default pipeline (when ``pipeline`` is unset)."""
     drop_zero_variance: bool = True
-    """Dynamic sampling: drop groups whose rewards are all equal (they carry no gradient)."""
+    """Default pipeline: drop groups whose rewards are all equal (they carry no gradient)."""
+    pipeline: list[OperatorSpec] | None = None
+    """Operators in dataflow order: group operators, then mixers, then at most one ordering."""
+    curator: CuratorSpec = AcceptAllCurator()
+    """Which prompts the task feeder submits, from the PromptStats on the feedback topic."""
+
+    @model_validator(mode="after")
+    def _pipeline_is_runnable(self) -> "StreamConfig":
+        if self.pipeline is None:
+            return self
+        legacy = sorted({"advantage", "drop_zero_variance"} & self.model_fields_set)
+        if legacy:
+            raise ValueError(f"{', '.join(legacy)}: only for the default pipeline; write it into stream.pipeline")
+        try:
+            check_pipeline(self.pipeline)
+        except ValueError as exc:
+            raise ValueError(f"pipeline: {exc}") from exc
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_legacy(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """With a pipeline, the saved config leaves out the default pipeline's fields, so it loads again."""
+        data = handler(self)
+        if self.pipeline is not None:
+            data.pop("advantage", None)
+            data.pop("drop_zero_variance", None)
+        return data
+
+    def operators(self) -> list[OperatorSpec]:
+        """The pipeline as written, or the default one built from the legacy fields."""
+        if self.pipeline is not None:
+            return list(self.pipeline)
+        default: list[OperatorSpec] = [StalenessSpec(), ADVANTAGE_SPECS[self.advantage]()]
+        return default + [ZeroVarianceSpec()] if self.drop_zero_variance else default
+
+    @property
+    def replay_ratio(self) -> float:
+        """Fraction of emitted samples that are replayed (0 without a ``replay`` operator)."""
+        return next((spec.ratio for spec in self.operators() if isinstance(spec, ReplaySpec)), 0.0)
 
 
 class TrainConfig(_Section):
     batch_samples: int = Field(default=256, ge=1)
     """Samples (responses) per optimizer step; groups are never split across steps."""
-    lr: float = Field(default=2e-3, gt=0.0, le=1.0)
-    """AdamW learning rate."""
+    lr: float = Field(default=3e-4, gt=0.0, le=1.0)
+    """Peak AdamW learning rate."""
+    lr_warmup_versions: int = Field(default=30, ge=0)
+    """Linear learning-rate warm-up over this many versions (optimizer steps)."""
+    lr_decay_versions: int = Field(default=300, ge=0)
+    """Cosine decay to ``min_lr_ratio * lr`` over this many versions after warm-up; 0 keeps it constant."""
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Floor of the cosine decay, as a fraction of ``lr``."""
     weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW weight decay."""
     clip_low: float = Field(default=0.2, ge=0.0, le=1.0)
     """PPO clip ε below 1."""
-    clip_high: float = Field(default=0.28, ge=0.0, le=10.0)
-    """PPO clip ε above 1 (DAPO's clip-higher)."""
+    clip_high: float = Field(default=0.2, ge=0.0, le=10.0)
+    """PPO clip ε above 1 (raise it for DAPO's clip-higher, e.g. 0.28)."""
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     """Gradient clipping by global norm."""
     checkpoint_every: int = Field(default=10, ge=1)
@@ -132,6 +247,17 @@ class EvalConfig(_Section):
     """Evaluate at most once per this many versions (the newest version wins when behind)."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the evaluator process."""
+
+
+class WeightsConfig(_Section):
+    transfer_dtype: Literal["bf16", "fp32"] = "bf16"
+    """Element type of floating-point weights on the weights topic; every reader loads exactly these values."""
+    encoding: Literal["delta", "full"] = "delta"
+    """``delta``: sparse deltas of the changed elements against the previous version; ``full``: every version whole."""
+    full_sync_interval: int = Field(default=10, ge=1)
+    """With ``delta``: publish a full version at least every this many versions (and the first one), so readers that missed a delta resync."""
+    chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=4 * 1024 * 1024)
+    """Payload bytes per chunk record; at most 4 MiB, the size the weights topic's ``max.message.bytes`` is set for."""
 
 
 class StopConfig(_Section):
@@ -160,6 +286,7 @@ class RunConfig(_Section):
     stream: StreamConfig = StreamConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    weights: WeightsConfig = WeightsConfig()
     stop: StopConfig = StopConfig()
 
 

@@ -4,11 +4,14 @@ Back-pressure follows AReaL's staleness capacity (ALGORITHMS.md): with B groups 
 and trainer version V, at most ``(max_staleness + V + 1) · B`` groups may have been submitted in
 total, plus every group the stream processor dropped (zero variance or stale, reported on the
 feedback topic with ``accepted = false``), because a dropped group never reaches the trainer and
-would otherwise stall the run. The feeder learns V from the weights topic's manifests.
+would otherwise stall the run. With a replay ratio ρ in the stream pipeline only (1 − ρ) of each
+batch is fresh, so B counts the fresh groups. The feeder learns V from the weights topic's manifests.
 
-Task ids are deterministic (``{prompt_id}@{epoch}``) and the n-th task is a pure function of n and
-the seed, so a restarted feeder counts the tasks already on the topic and continues the same
-sequence: no task is submitted twice and none is skipped.
+The n-th candidate task is a pure function of n and the seed, and its task id is deterministic
+(``{prompt_id}@{epoch}``). The curator (``stream.curator``, fed by the PromptStats on the feedback
+topic) may skip a candidate; each submitted task records its candidate index n in its metadata
+(``cursor``), so a restarted feeder reads the last task of each partition and continues after
+it: no task is submitted twice, and no candidate is passed over without the curator's decision.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.log import TopicPartition
+from astraflow.producers.curators import Curator, build_curator
 from astraflow.schemas.records import PromptStats, RolloutTask
 from astraflow.tasks.arithmetic import Problem
 from astraflow.weights.follow import WeightFollower
@@ -28,11 +32,12 @@ from astraflow.weights.follow import WeightFollower
 logger = logging.getLogger(__name__)
 
 
-class DropCounter:
-    """Counts groups the stream processor dropped, from the feedback topic (read from the start)."""
+class FeedbackReader:
+    """Reads the feedback topic from the start: counts dropped groups and feeds the curator."""
 
-    def __init__(self, ctx: ComponentContext) -> None:
+    def __init__(self, ctx: ComponentContext, curator: Curator) -> None:
         self.dropped = 0
+        self.curator = curator
         self._codec = ctx.codec
         self._consumer = ctx.log.consumer(group_id=None)
         self._consumer.assign([TopicPartition(ctx.topics.feedback(), 0)])
@@ -46,6 +51,7 @@ class DropCounter:
                 logger.error("undecodable feedback record at offset %d: %s", message.offset, exc)
                 continue
             self.dropped += not stats.accepted
+            self.curator.observe(stats)
         return self.dropped
 
     def close(self) -> None:
@@ -62,9 +68,42 @@ class TaskFeeder:
         self.rows = rows
         self.seed = seed
         cfg = ctx.config
-        self.groups_per_batch = math.ceil(cfg.train.batch_samples / cfg.rollout.group_size)
+        fresh_samples = cfg.train.batch_samples * (1.0 - cfg.stream.replay_ratio)
+        self.groups_per_batch = max(1, math.ceil(fresh_samples / cfg.rollout.group_size))
+        self.curator = build_curator(cfg.stream.curator)
         self.submitted = sum(ctx.log.end_offsets(ctx.topics.tasks()).values())
+        self.cursor = self._resume_cursor()
+        self.skipped = 0
+        self._stalled = False
         self._orders: dict[int, list[int]] = {}
+
+    def _resume_cursor(self) -> int:
+        """The next candidate index: one past the ``cursor`` of the newest task on each partition."""
+        ctx = self.ctx
+        topic = ctx.topics.tasks()
+        ends = {p: end for p, end in ctx.log.end_offsets(topic).items() if end > 0}
+        if not ends:
+            return 0
+        cursor = self.submitted  # tasks written before cursors were recorded: one candidate each
+        consumer = ctx.log.consumer(group_id=None)
+        try:
+            consumer.assign([TopicPartition(topic, p) for p in ends])
+            for partition, end in ends.items():
+                consumer.seek(TopicPartition(topic, partition), end - 1)
+            for _ in range(20):
+                for message in consumer.poll(max_records=len(ends), timeout=0.5):
+                    ends.pop(message.partition, None)
+                    try:
+                        task = ctx.codec.decode(message.value, expect=RolloutTask)
+                    except AstraFlowError as exc:
+                        logger.error("undecodable task at %s/%d: %s", topic, message.offset, exc)
+                        continue
+                    cursor = max(cursor, int(task.metadata.get("cursor", -1)) + 1)
+                if not ends:
+                    return cursor
+        finally:
+            consumer.close()
+        raise AstraFlowError(f"could not read the newest task of {topic} partitions {sorted(ends)} to resume")
 
     def task(self, n: int, version: int) -> RolloutTask:
         """The n-th task of the run (deterministic in n and the seed)."""
@@ -86,6 +125,7 @@ class TaskFeeder:
             group_size=cfg.rollout.group_size,
             submitted_version=version,
             created_ms=now_ms(),
+            metadata={"cursor": str(n)},
         )
 
     def capacity(self, version: int, dropped: int) -> int:
@@ -95,22 +135,33 @@ class TaskFeeder:
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
         follower = WeightFollower(ctx.log, ctx.topics.weights(ctx.config.policy), payload=False).start()
-        drops = DropCounter(ctx)
+        feedback = FeedbackReader(ctx, self.curator)
         try:
             while not stop.is_set():
                 version = follower.latest_version
-                allowed = self.capacity(version, drops.update())
-                sent = 0
-                while self.submitted < allowed:
-                    task = self.task(self.submitted, version)
+                allowed = self.capacity(version, feedback.update())
+                sent = passed_over = 0
+                while self.submitted < allowed and passed_over < len(self.rows):
+                    task = self.task(self.cursor, version)
+                    self.cursor += 1
+                    if not self.curator.admit(task.prompt_id):
+                        self.skipped += 1
+                        passed_over += 1
+                        continue
                     ctx.producer.send(ctx.topics.tasks(), ctx.codec.encode(task), key=task.task_id.encode())
                     self.submitted += 1
                     sent += 1
+                    passed_over = 0
+                stalled = passed_over == len(self.rows)
+                if stalled and not self._stalled:
+                    logger.warning("the %s curator skipped a whole pass of the dataset; waiting for feedback", self.curator.name)
+                self._stalled = stalled
                 if sent:
                     ctx.metric("feeder.submitted", self.submitted, max(version, 0))
+                    ctx.metric("feeder.skipped", self.skipped, max(version, 0), curator=self.curator.name)
                     ctx.producer.flush()
                     logger.info("submitted %d tasks (total %d, version %d)", sent, self.submitted, version)
                 follower.wait_for(version + 1, timeout=0.5)
         finally:
             follower.close()
-            drops.close()
+            feedback.close()

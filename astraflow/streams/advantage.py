@@ -1,30 +1,150 @@
-"""Group-relative advantages (GRPO) and the zero-variance test of dynamic sampling.
+"""Advantage estimators and reward normalisation: numpy functions, and the operators that apply them.
 
-GRPO (DeepSeekMath, Shao et al. 2024): A_i = (r_i - mean(r)) / (std(r) + eps) over the G responses to
-one prompt. ``std`` is the sample standard deviation (ddof = 1), as in TRL and verl, which use
-``torch.std``; a group of one has no spread and gets advantage 0. A group whose rewards are all equal
-carries no signal: DAPO's dynamic sampling drops it (``is_zero_variance``) and counts the drop.
+Notation: one group holds the G responses to one prompt, r its rewards [G]; each response's
+advantage is broadcast to its tokens by the trainer.
+
+- GRPO (DeepSeekMath, Shao et al. 2024): A_i = (r_i − mean(r)) / (std(r) + eps). ``std`` is the
+  sample standard deviation (ddof = 1), as in TRL and verl, which use ``torch.std``.
+- Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = r_i − mean(r), no std.
+  Its other half, summing token losses and dividing by a constant instead of each response's
+  length, is the trainer's aggregation ``seq-mean-token-sum-norm`` (``consumers/policy_step.py``);
+  pair the two in the run config.
+- RLOO (Ahmadian et al. 2024): A_i = r_i − mean_{j≠i} r_j = G/(G−1) · (r_i − mean(r)).
+- REINFORCE++ baseline (Hu 2025): A_i = r_i − mean(r), then whitened by the mean and std over the
+  training batch. Departure: a stream processor never sees the trainer's batch, so the
+  statistics are those of the last ``window`` responses (this group included), each response
+  counted once rather than once per token, population std (ddof = 0).
+- Reward normalisation: r ← (r − μ) / (σ + eps) with μ, σ the running mean and population std of
+  every reward seen so far (Chan et al.'s parallel update, O(1) memory).
+
+A group of one has no spread and gets advantage 0. A group whose rewards are all equal carries no
+signal under any of these: DAPO's dynamic sampling drops it (``is_zero_variance``) and counts it.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
+from astraflow.streams.operators import Group, register
 
-def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Advantages [G] float32 of one group's rewards [G]; raises ``ValueError`` on non-finite rewards."""
+
+def _checked(rewards: np.ndarray) -> np.ndarray:
     values = np.asarray(rewards, dtype=np.float64)
     if values.ndim != 1 or values.size == 0:
         raise ValueError(f"rewards must be a non-empty 1-D array, got shape {values.shape}")
     if not np.all(np.isfinite(values)):
         raise ValueError(f"rewards must be finite, got {values.tolist()}")
+    return values
+
+
+def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """GRPO advantages [G] float32 of one group's rewards [G]; raises ``ValueError`` on non-finite rewards."""
+    values = _checked(rewards)
     if values.size == 1:
         return np.zeros(1, dtype=np.float32)
     centred = values - values.mean()
     return (centred / (values.std(ddof=1) + eps)).astype(np.float32)
 
 
+def dr_grpo_advantages(rewards: np.ndarray) -> np.ndarray:
+    """Dr.GRPO advantages [G] float32: the rewards minus the group mean."""
+    values = _checked(rewards)
+    return (values - values.mean()).astype(np.float32)
+
+
+def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
+    """RLOO advantages [G] float32: each reward minus the mean of the other G − 1."""
+    values = _checked(rewards)
+    if values.size == 1:
+        return np.zeros(1, dtype=np.float32)
+    return (values.size / (values.size - 1) * (values - values.mean())).astype(np.float32)
+
+
 def is_zero_variance(rewards: np.ndarray, atol: float = 1e-9) -> bool:
     """True when every reward of the group is equal (within ``atol``): no learning signal."""
     values = np.asarray(rewards, dtype=np.float64)
     return bool(values.size == 0 or np.ptp(values) <= atol)
+
+
+@register
+class GrpoAdvantage:
+    """GRPO: each response's reward standardised within its group."""
+
+    name = "grpo"
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        self.eps = eps
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        group.advantages = grpo_advantages(group.rewards, self.eps)
+        return None
+
+
+@register
+class DrGrpoAdvantage:
+    """Dr.GRPO: the group mean is the baseline, without the std division."""
+
+    name = "dr_grpo"
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        group.advantages = dr_grpo_advantages(group.rewards)
+        return None
+
+
+@register
+class RlooAdvantage:
+    """RLOO: the mean of the group's other responses is each response's baseline."""
+
+    name = "rloo"
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        group.advantages = rloo_advantages(group.rewards)
+        return None
+
+
+@register
+class ReinforcePPAdvantage:
+    """REINFORCE++ baseline: group-centred rewards whitened over a window of recent responses.
+
+    Put filters (zero_variance, staleness) before it: every group it sees enters the window.
+    """
+
+    name = "reinforce_pp"
+
+    def __init__(self, window: int = 512, eps: float = 1e-6) -> None:
+        self.eps = eps
+        self._recent: deque[float] = deque(maxlen=window)  # centred rewards of the last `window` responses
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        centred = dr_grpo_advantages(group.rewards).astype(np.float64)  # [G]
+        self._recent.extend(centred.tolist())
+        recent = np.fromiter(self._recent, dtype=np.float64)  # [min(window, seen)]
+        group.advantages = ((centred - recent.mean()) / (recent.std() + self.eps)).astype(np.float32)
+        return None
+
+
+@register
+class RewardNormaliser:
+    """Rewrites the group's rewards to ``(r − μ) / (σ + eps)`` with the running μ, σ of all rewards."""
+
+    name = "reward_norm"
+
+    def __init__(self, eps: float = 1e-6, clip: float | None = None) -> None:
+        self.eps = eps
+        self.clip = clip
+        self.count = 0
+        self.mean = 0.0
+        self._m2 = 0.0  # sum of squared deviations from the running mean
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        rewards = _checked(group.rewards)
+        n, mean = rewards.size, float(rewards.mean())
+        delta, total = mean - self.mean, self.count + n
+        self._m2 += float(((rewards - mean) ** 2).sum()) + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+        normalised = (rewards - self.mean) / (np.sqrt(self._m2 / self.count) + self.eps)
+        group.rewards = normalised if self.clip is None else np.clip(normalised, -self.clip, self.clip)
+        return None

@@ -6,12 +6,16 @@ of one iteration (what makes it at-least-once with duplicates dropped):
 1. Poll trajectory records; a record that does not decode or fails validation (NaN reward,
    mismatched arrays) goes to the dead-letter topic with the reason.
 2. Add each trajectory to the ``GroupBuffer`` (duplicate trajectory ids are dropped there).
-3. Run every completed group through the operators. An accepted group's samples go to
-   ``{run}.samples.{policy}``; every group, accepted or dropped, yields a PromptStats record on the
-   feedback topic (the feeder's back-pressure and curators read it) and a metric.
-4. Flush, then commit per partition the offset below which every record belongs to an emitted
+3. Run every completed group through the group operators (``Pipeline.process``). Every group,
+   accepted or dropped, yields a PromptStats record on the feedback topic (the feeder's
+   back-pressure and curators read it); a drop is counted by its kind in ``stream.dropped.<kind>``.
+4. The poll's accepted groups, with the replayed copies the mixers add, in the ordering's order
+   (``Pipeline.emit``), go to ``{run}.samples.{policy}`` as TrainSamples that list the operators
+   they passed.
+5. Flush, then commit per partition the offset below which every record belongs to an emitted
    group: half-filled groups are re-read after a crash, emitted groups are never lost. A crash
-   between 4's flush and commit re-emits groups; sample ids are deterministic for the trainer.
+   between 5's flush and commit re-emits groups; sample ids are deterministic for the trainer
+   (those of replayed copies are deterministic only within one processor's lifetime).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import TopicPartition
 from astraflow.schemas.records import PromptStats, TrainSample, Trajectory
-from astraflow.streams.operators import Group, GroupBuffer, build_pipeline, run_pipeline, validate
+from astraflow.streams.operators import Group, GroupBuffer, validate
+from astraflow.streams.pipeline import build_pipeline
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -36,10 +41,11 @@ class NativeStreamProcessor:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         self.ctx = ctx
         self.policy = policy
-        self.operators = build_pipeline(ctx.config.stream)
+        self.pipeline = build_pipeline(ctx.config.stream)
         self.buffer = GroupBuffer()
         self.drops: Counter[str] = Counter()
         self.accepted = 0
+        self.replayed = 0
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
@@ -53,10 +59,14 @@ class NativeStreamProcessor:
                 if not messages:
                     continue
                 version = max(follower.latest_version, 0)
+                accepted = []
                 for message in messages:
                     group = self._add(message)
-                    if group is not None:
-                        self._emit(group, version)
+                    if group is not None and self._process(group, version):
+                        accepted.append(group)
+                for group in self.pipeline.emit(accepted):
+                    self._send(group, version)
+                self._count_redeliveries(version)
                 ctx.producer.flush()
                 positions = {tp.partition: consumer.position(tp) for tp in consumer.assignment() if tp.topic == source}
                 safe = self.buffer.safe_offsets(positions)
@@ -80,10 +90,11 @@ class NativeStreamProcessor:
             return None
         return self.buffer.add(trajectory, message.partition, message.offset)
 
-    def _emit(self, group: Group, version: int) -> None:
+    def _process(self, group: Group, version: int) -> bool:
+        """Run the group operators, report the group on the feedback topic; True when accepted."""
         ctx = self.ctx
-        reason = run_pipeline(self.operators, group, version)
-        rewards = group.rewards
+        reason = self.pipeline.process(group, version)
+        rewards = group.raw_rewards
         first = group.trajectories[0]
         stats = PromptStats(
             prompt_id=first.prompt_id,
@@ -103,20 +114,35 @@ class NativeStreamProcessor:
         ctx.metric("stream.group_reward", stats.mean_reward, version, policy=self.policy)
         ctx.metric("stream.staleness", version - group.min_version, version, policy=self.policy)
         if reason is not None:
-            kind = reason.split(":", 1)[0]
-            self.drops[kind] += 1
-            ctx.metric(f"stream.dropped.{kind}", self.drops[kind], version, policy=self.policy)
-            return
+            self._count_drop(reason.split(":", 1)[0], version)
+            return False
         self.accepted += 1
         ctx.metric("stream.accepted_groups", self.accepted, version, policy=self.policy)
-        deadline = group.min_version + ctx.config.stream.max_staleness
+        return True
+
+    def _count_drop(self, kind: str, version: int, count: int = 1) -> None:
+        self.drops[kind] += count
+        self.ctx.metric(f"stream.dropped.{kind}", self.drops[kind], version, policy=self.policy)
+
+    def _count_redeliveries(self, version: int) -> None:
+        """Trajectories the GroupBuffer dropped as redelivered duplicates count as drops too."""
+        if self.buffer.duplicates > self.drops["redelivered"]:
+            self._count_drop("redelivered", version, self.buffer.duplicates - self.drops["redelivered"])
+
+    def _send(self, group: Group, version: int) -> None:
+        ctx = self.ctx
+        if group.replay:
+            self.replayed += 1
+            ctx.metric("stream.replayed_groups", self.replayed, version, policy=self.policy)
+        deadline = group.min_version + self.pipeline.max_staleness
         for trajectory, advantage in zip(group.trajectories, group.advantages):
             sample = TrainSample(
-                sample_id=trajectory.trajectory_id,
+                sample_id=group.sample_id(trajectory),
                 trajectory=trajectory,
                 advantage=float(advantage),
                 deadline_version=deadline,
                 operators=list(group.operators),
+                replayed=group.replay > 0,
                 created_ms=now_ms(),
             )
             ctx.producer.send(ctx.topics.samples(self.policy), ctx.codec.encode(sample), key=group.group_id.encode())

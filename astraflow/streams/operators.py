@@ -1,9 +1,18 @@
-"""Group operators of the stream pipeline: plain, typed, unit-tested classes.
+"""The operator contracts of the stream pipeline, the registry, and the group buffer.
 
 A runtime collects the trajectories of one group (``GroupBuffer``) and passes the complete group
-through the configured operators in order. Each operator either annotates the group (advantages)
-and returns ``None``, or returns the reason to drop the whole group; the runtime records the
-reason. Operators hold no I/O: the runtimes only move records and state.
+through the configured operators (``pipeline.build_pipeline``). Three kinds, by dataflow stage:
+
+- a ``GroupOperator`` annotates the group (rewards, advantages) and returns ``None``, or returns
+  the reason to drop the whole group (``"<kind>: <detail>"``; the runtime counts drops by kind).
+  Filters act on whole groups because group-relative advantages need every member and the
+  trainer assembles batches of whole groups;
+- a ``Mixer`` sees each accepted group and returns extra groups to emit with it (replayed
+  copies), so the runtime stays a loop that only moves records;
+- an ``Ordering`` orders the groups that are ready to be emitted together.
+
+Operators hold no I/O. Each class is registered under its YAML name (``@register``) and built
+from its spec's fields (``astraflow.streams.specs``).
 """
 
 from __future__ import annotations
@@ -11,13 +20,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from astraflow.config import StreamConfig
 from astraflow.schemas.records import Trajectory
-from astraflow.streams.advantage import grpo_advantages, is_zero_variance
 
 
 @dataclass
@@ -28,14 +35,24 @@ class Group:
     trajectories: list[Trajectory]
     advantages: np.ndarray | None = None  # [G] float32
     operators: list[str] = field(default_factory=list)
+    replay: int = 0  # 0: fresh; n: the n-th replayed copy of this group
+    rewards: np.ndarray = field(init=False)  # [G] float64, rewritten by reward normalisation
+
+    def __post_init__(self) -> None:
+        self.rewards = self.raw_rewards
 
     @property
-    def rewards(self) -> np.ndarray:
+    def raw_rewards(self) -> np.ndarray:
+        """[G] float64, the rewards as the producers scored them."""
         return np.asarray([t.reward for t in self.trajectories], dtype=np.float64)
 
     @property
     def min_version(self) -> int:
         return min(t.min_version for t in self.trajectories)
+
+    def sample_id(self, trajectory: Trajectory) -> str:
+        """The TrainSample id of one member: the trajectory id, suffixed for a replayed copy."""
+        return trajectory.trajectory_id if self.replay == 0 else f"{trajectory.trajectory_id}#replay{self.replay}"
 
 
 class GroupOperator(Protocol):
@@ -45,44 +62,30 @@ class GroupOperator(Protocol):
         """Annotate ``group`` in place and return ``None``, or return why it is dropped."""
 
 
-class StalenessFilter:
-    """Drop a group when ``trainer_version − oldest token version > max_staleness`` (ALGORITHMS.md)."""
+class Mixer(Protocol):
+    name: str
 
-    name = "staleness"
-
-    def __init__(self, max_staleness: int) -> None:
-        self.max_staleness = max_staleness
-
-    def __call__(self, group: Group, trainer_version: int) -> str | None:
-        lag = trainer_version - group.min_version
-        return f"stale: {lag} versions behind (max {self.max_staleness})" if lag > self.max_staleness else None
+    def mix(self, group: Group) -> list[Group]:
+        """Groups to emit besides the accepted ``group`` (which the mixer may remember)."""
 
 
-class GrpoAdvantage:
-    """GRPO: each response's advantage is its reward standardised within the group."""
+class Ordering(Protocol):
+    name: str
 
-    name = "grpo"
-
-    def __call__(self, group: Group, trainer_version: int) -> str | None:
-        group.advantages = grpo_advantages(group.rewards).astype(np.float32)
-        return None
+    def order(self, groups: list[Group]) -> list[Group]:
+        """The groups ready to be emitted, in emission order."""
 
 
-class ZeroVarianceFilter:
-    """Dynamic sampling (DAPO): a group whose rewards are all equal carries no gradient."""
+OPERATORS: dict[str, type] = {}
+"""Operator classes by YAML name; filled by ``@register`` when their modules are imported."""
 
-    name = "zero_variance"
-
-    def __call__(self, group: Group, trainer_version: int) -> str | None:
-        return "zero_variance: all rewards equal" if is_zero_variance(group.rewards) else None
+_T = TypeVar("_T", bound=type)
 
 
-def build_pipeline(config: StreamConfig) -> list[GroupOperator]:
-    """The operators named by the stream config, in pipeline order."""
-    operators: list[GroupOperator] = [StalenessFilter(config.max_staleness), GrpoAdvantage()]
-    if config.drop_zero_variance:
-        operators.append(ZeroVarianceFilter())
-    return operators
+def register(cls: _T) -> _T:
+    """Class decorator: make ``cls`` buildable from the spec whose ``op`` is ``cls.name``."""
+    OPERATORS[cls.name] = cls
+    return cls
 
 
 def run_pipeline(operators: list[GroupOperator], group: Group, trainer_version: int) -> str | None:

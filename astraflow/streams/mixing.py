@@ -1,0 +1,59 @@
+"""Mixers: after a group is accepted, the extra groups to emit with it.
+
+Replay (``ReplayMixer``): a share ρ of the emitted samples is drawn from a bounded buffer of
+recently accepted groups, the rest are fresh (ALGORITHMS.md). The trainer cuts batches from the
+sample stream, so the mixer does not see batch boundaries; it keeps a credit instead: every fresh
+sample earns ρ / (1 − ρ) replayed samples, and whole buffered groups are emitted while the credit
+covers them. Over any run of fresh groups the replayed share is ρ to within one group, so a batch
+of B samples holds ⌊ρ·B⌋ replayed samples up to one group's size.
+
+A replayed group is a copy of the accepted one, with the advantages computed when it was
+accepted; its sample ids get ``#replay<n>`` appended (the trainer drops repeated ids) and its
+samples are marked ``replayed``. Its tokens only grow older: the trainer's off-policy correction
+against the behaviour log-probs applies to it like to any stale sample. The buffer lives in the
+processor's memory: a restarted processor starts with an empty one (replay is a reuse of data
+already trained on, so nothing accepted is lost).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import replace
+
+from astraflow.streams.operators import Group, register
+
+
+@register
+class ReplayMixer:
+    """Emits replayed copies of recent accepted groups so that they make up ``ratio`` of the samples."""
+
+    name = "replay"
+
+    def __init__(self, ratio: float = 0.3, capacity: int = 64, selector: str = "latest", seed: int = 0) -> None:
+        self.ratio = ratio
+        self.selector = selector
+        self._rng = random.Random(seed)
+        self._buffer: deque[list] = deque(maxlen=capacity)  # [group as accepted, times replayed]
+        self._credit = 0.0  # replayed samples owed
+
+    def mix(self, group: Group) -> list[Group]:
+        if self._buffer:  # nothing is owed for the groups that found the buffer empty
+            self._credit += len(group.trajectories) * self.ratio / (1.0 - self.ratio)
+        extra: list[Group] = []
+        while self._buffer:
+            entry = self._pick(len(extra))
+            stored: Group = entry[0]
+            if len(stored.trajectories) > self._credit:
+                break
+            entry[1] += 1
+            self._credit -= len(stored.trajectories)
+            extra.append(replace(stored, operators=list(stored.operators), replay=entry[1]))
+        self._buffer.append([replace(group, operators=list(group.operators)), 0])
+        return extra
+
+    def _pick(self, drawn: int) -> list:
+        """``latest``: the most recent groups in turn (cycling); ``uniform``: any, with replacement."""
+        if self.selector == "latest":
+            return self._buffer[-1 - drawn % len(self._buffer)]
+        return self._buffer[self._rng.randrange(len(self._buffer))]
