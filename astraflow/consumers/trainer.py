@@ -7,7 +7,8 @@ Steps of one version (the order is the guarantee):
 2. One optimizer step on that batch (``policy_step``): version v → v + 1.
 3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and the
    offset *after* the batch's last sample (``CheckpointStore``).
-4. Publish version v + 1 (chunks, then manifest) to ``{run}.weights.{policy}``.
+4. Publish version v + 1 (chunks, then manifest) to ``{run}.weights.{policy}``: a sparse delta
+   against version v in the transfer dtype, or a full version (``weights.*``, ``weights/publish.py``).
 5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint).
 
 A crash after 2 and before 3 redoes the steps since the last checkpoint from the same samples.
@@ -82,6 +83,9 @@ class Trainer:
         model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
         step_config = PolicyStepConfig(
             lr=cfg.lr,
+            warmup_steps=cfg.lr_warmup_versions,
+            decay_steps=cfg.lr_decay_versions,
+            min_lr_ratio=cfg.min_lr_ratio,
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
             temperature=ctx.config.rollout.temperature,
@@ -96,7 +100,7 @@ class Trainer:
         self.trained_samples = restored.trained_samples if restored else 0
         if restored:
             logger.info("resumed %s at version %d from offsets %s", policy, restored.version, self.offsets)
-        self.publisher = WeightPublisher(ctx.producer, ctx.codec, ctx.topics.weights(policy), policy)
+        self.publisher = WeightPublisher(ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights)
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
@@ -148,9 +152,11 @@ class Trainer:
         self.offsets[last.partition] = last.offset + 1
         if version % ctx.config.train.checkpoint_every == 0:
             self.checkpoints.save(learner.model, learner.optimizer, TrainerState(version, dict(self.offsets), self.trained_samples))
-        self.publisher.publish(learner.model.state_dict(), version)
+        manifest = self.publisher.publish(learner.model.state_dict(), version)
+        changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
         figures = {"loss": stats.loss, "grad_norm": stats.grad_norm, "step_seconds": stats.seconds, "wait_seconds": waited,
-                   "staleness_max": max(staleness), "samples": self.trained_samples, **stats.loss_stats}
+                   "staleness_max": max(staleness), "samples": self.trained_samples, "weights_bytes": manifest.total_bytes,
+                   "weights_changed_fraction": changed, **stats.loss_stats}
         for name, value in figures.items():
             ctx.metric(f"train.{name}", value, version, policy=self.policy)
         ctx.metric("train.version", version, version, policy=self.policy)

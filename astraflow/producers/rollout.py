@@ -57,7 +57,7 @@ class RolloutProducer:
             return
         version, state = pending
         self.engines[policy].load_state_dict(state, version)
-        self.ctx.metric("rollout.weights_applied_ms", now_ms() - follower.latest_published_ms, version, policy=policy)
+        self.ctx.metric("rollout.weights_applied_ms", now_ms() - follower.taken_published_ms, version, policy=policy)
         logger.info("applied weight version %d of %s", version, policy)
 
     def run(self, stop: threading.Event) -> None:
@@ -111,6 +111,6 @@ class RolloutProducer:
             version = self.engines[policy].version
             labels = {"policy": policy, "region": self.provenance.region}
             ctx.metric("rollout.samples_per_s", len(values) / elapsed, version, **labels)
-            ctx.metric("rollout.version_lag", max(followers[policy].latest_version, 0) - version, version, **labels)
+            ctx.metric("rollout.version_lag", max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
                 ctx.metric("rollout.mean_reward", float(np.mean(values)), version, **labels)

@@ -126,6 +126,7 @@ class WeightChunk:
     tensors: list[TensorSpec] = field(default_factory=list)
     store_uri: str | None = None
     created_ms: int = 0
+    base_sha256: str = ""
 
 
 @dataclass

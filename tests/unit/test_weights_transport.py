@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from astraflow.config import WeightsConfig
 from astraflow.log import open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
@@ -32,9 +33,10 @@ def open_weights_log(tmp_path: Path):
 
 def test_publish_then_follow_gets_the_newest_version_bit_exact(tmp_path: Path) -> None:
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", chunk_bytes=64 * 1024)
+        config = WeightsConfig(transfer_dtype="fp32", encoding="full", chunk_bytes=64 * 1024)
+        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config)
         manifest = publisher.publish(state(1), 1)
-        assert manifest.num_chunks == 8  # two 240 KB float copies (tied weights travel twice) in 64 KiB chunks
+        assert manifest.num_chunks == 4  # one 240 KB float copy (tied weights travel once) in 64 KiB chunks
         publisher.publish(state(2), 2)
         follower = WeightFollower(log, TOPIC, payload=True).start()
         try:
