@@ -23,12 +23,16 @@ def load_metrics(path: Path) -> dict[str, list[dict]]:
 
 
 def write_report(metrics_path: Path, png_path: Path) -> None:
+    plot_overview(load_metrics(metrics_path), png_path)
+
+
+def plot_overview(rows: dict[str, list[dict]], png_path: Path) -> None:
+    """The 2x2 overview from metric rows grouped by name (the shape ``load_metrics`` returns)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = load_metrics(metrics_path)
     acc = sorted(rows.get("eval.accuracy", []), key=lambda r: r["step"])
     reward = sorted(rows.get("stream.group_reward", []), key=lambda r: r["wall_s"])
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
@@ -38,7 +42,7 @@ def write_report(metrics_path: Path, png_path: Path) -> None:
         top.set_ylabel("held-out exact match")
         top.set_ylim(0, 1.02)
         top.grid(alpha=0.3)
-        xs, ys = _smooth([r[x_key] for r in reward], [r["value"] for r in reward], window=50)
+        xs, ys = smooth([r[x_key] for r in reward], [r["value"] for r in reward], window=50)
         bottom.plot(xs, ys, color="tab:orange")
         bottom.set_ylabel("mean group reward (rolling 50)")
         bottom.set_xlabel(x_label)
@@ -50,7 +54,8 @@ def write_report(metrics_path: Path, png_path: Path) -> None:
     plt.close(fig)
 
 
-def _smooth(xs: list[float], ys: list[float], window: int) -> tuple[list[float], list[float]]:
+def smooth(xs: list[float], ys: list[float], window: int) -> tuple[list[float], list[float]]:
+    """``ys`` as a trailing rolling mean over ``window`` points (shorter at the start)."""
     out = []
     total = 0.0
     for i, y in enumerate(ys):

@@ -4,13 +4,16 @@ An analysis consumer never disturbs a running job: without ``--group`` it reads 
 commits nothing; with one it commits in that group only. Records are decoded with the schema
 named by their fingerprint, so any AstraFlow topic (or the dead-letter topic) prints the same way;
 bytes that are not AstraFlow Avro print as an error line with the raw size instead of stopping.
+With ``select`` (``--policy``/``--min-version``/``--where``, see ``record_filter.py``) only the
+decoded records it accepts print, undecodable ones are skipped, and ``limit`` counts printed lines.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from astraflow.errors import AstraFlowError
 from astraflow.log import Log, TopicPartition
@@ -25,6 +28,7 @@ def tail_topic(
     from_beginning: bool = False,
     limit: int | None = None,
     idle_timeout: float | None = None,
+    select: Callable[[Any], bool] | None = None,
 ) -> Iterator[str]:
     """Yield one JSON line per record of ``topic`` until ``limit`` records or ``idle_timeout`` idle seconds."""
     schemas = LogSchemaStore(log)
@@ -51,11 +55,14 @@ def tail_topic(
                 head = {"topic": message.topic, "partition": message.partition, "offset": message.offset, "timestamp_ms": message.timestamp_ms}
                 try:
                     record = codec.decode(message.value)
-                    body = {"type": type(record).__name__, "value": to_jsonable(record)}
                 except AstraFlowError as exc:
-                    body = {"error": str(exc), "bytes": len(message.value)}
-                yield json.dumps(head | body)
-            seen += len(messages)
+                    if select is None:
+                        seen += 1
+                        yield json.dumps(head | {"error": str(exc), "bytes": len(message.value)})
+                    continue
+                if select is None or select(record):
+                    seen += 1
+                    yield json.dumps(head | {"type": type(record).__name__, "value": to_jsonable(record)})
             if group is not None:
                 consumer.commit()
     finally:

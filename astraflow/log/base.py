@@ -176,6 +176,11 @@ class Log(ABC):
         """Per partition, the offset the next appended record will get."""
 
     @abstractmethod
+    def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        """Read-only: every consumer group's committed next-offset per partition (groups that never
+        committed are absent). Analysis tools compute a group's lag from it without joining it."""
+
+    @abstractmethod
     def producer(self) -> Producer:
         """A new producer (idempotent where the backend allows)."""
 

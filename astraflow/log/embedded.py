@@ -15,7 +15,7 @@ from pathlib import Path
 
 from astraflow.errors import LogError, TopicNotFoundError
 from astraflow.log import embedded_store as store
-from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicSpec
+from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec
 from astraflow.log.embedded_consumer import EmbeddedConsumer
 from astraflow.log.embedded_producer import EmbeddedProducer
 
@@ -85,6 +85,15 @@ class EmbeddedLog(Log):
         if ends is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist in {self.path}")
         return ends
+
+    def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        rows = self._store.read(
+            lambda conn: conn.execute("SELECT group_id, topic, partition, next_offset FROM committed_offsets").fetchall()
+        )
+        groups: dict[str, dict[TopicPartition, int]] = {}
+        for group_id, topic, partition, offset in rows:
+            groups.setdefault(group_id, {})[TopicPartition(topic, partition)] = offset
+        return groups
 
     def producer(self) -> Producer:
         return EmbeddedProducer(self.path)

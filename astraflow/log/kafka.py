@@ -21,12 +21,12 @@ import time
 import uuid
 from typing import Any, Callable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from astraflow.errors import LogError, TopicNotFoundError
-from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicSpec
+from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec
 from astraflow.log.kafka_consumer import KafkaConsumer
 from astraflow.log.kafka_producer import KafkaProducer
 
@@ -44,15 +44,23 @@ _LEADERSHIP_MOVING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT
 
 class KafkaLog(Log):
     """A ``Log`` on the Kafka cluster at ``bootstrap``; ``client_config`` adds librdkafka settings
-    (e.g. SASL) to every client."""
+    (e.g. SASL) to every client. Opening it asks the cluster for its metadata: a cluster that does
+    not answer within ``connect_timeout_s`` is a ``LogError`` naming ``bootstrap``, not a component
+    that hangs or fails later on an unrelated-looking timeout."""
 
-    def __init__(self, bootstrap: str, client_config: dict[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, client_config: dict[str, Any] | None = None,
+                 connect_timeout_s: float = _TIMEOUT_S) -> None:
         self._base: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "logger": logging.getLogger("astraflow.log.librdkafka"),
             **(client_config or {}),
         }
         self._admin = AdminClient(dict(self._base))
+        try:
+            self._admin.list_topics(timeout=connect_timeout_s)
+        except KafkaException as exc:
+            raise LogError(f"cannot reach the Kafka cluster at {bootstrap} within {connect_timeout_s:g}s: "
+                           f"{exc.args[0].str()}") from exc
 
     def create_topic(self, spec: TopicSpec, exist_ok: bool = True) -> None:
         config = {
@@ -122,6 +130,22 @@ class KafkaLog(Log):
                 if not (err.retriable() or err.code() in _LEADERSHIP_MOVING) or time.monotonic() > deadline:
                     raise LogError(f"reading end offsets of {topic!r} failed: {err.str()}") from exc
                 time.sleep(0.1)
+
+    def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        """One offsets request per group: the admin API answers for a single group at a time."""
+        try:
+            listed = self._admin.list_consumer_groups(request_timeout=_TIMEOUT_S).result()
+            groups: dict[str, dict[TopicPartition, int]] = {}
+            for listing in listed.valid:
+                request = [ConsumerGroupTopicPartitions(listing.group_id)]
+                found = self._admin.list_consumer_group_offsets(request, request_timeout=_TIMEOUT_S)
+                offsets = {TopicPartition(rd.topic, rd.partition): rd.offset
+                           for rd in found[listing.group_id].result().topic_partitions if rd.offset >= 0}
+                if offsets:
+                    groups[listing.group_id] = offsets
+        except KafkaException as exc:
+            raise LogError(f"reading consumer-group offsets failed: {exc.args[0].str()}") from exc
+        return groups
 
     def producer(self) -> Producer:
         return KafkaProducer({
