@@ -59,13 +59,28 @@ def rollout(
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
     region: Annotated[str, typer.Option(help="Region label recorded on every trajectory.")] = "local",
+    hardware: Annotated[Optional[str], typer.Option(help="Hardware label recorded on every trajectory (default cpu:<arch>x<threads>).")] = None,
+    batch: Annotated[Optional[int], typer.Option(min=1, help="Tasks per generation (overrides rollout.prompts_per_generation).")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads of this producer (overrides rollout.threads).")] = None,
 ) -> None:
-    """Rollout producer: tasks → trajectories, refreshing weights from the weights topic."""
-    from astraflow.infra.process import run_component
+    """Rollout producer: joins the pool at any time (after catching up on weights), leaves cleanly on SIGTERM."""
+    from astraflow.infra.process import default_run_dir, resolve_config, run_component
     from astraflow.producers.rollout import RolloutProducer
 
-    cfg, directory = _component("rollout", config, run_dir, backend, bootstrap)
-    run_component("rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region).run(stop))
+    overrides = {key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value}
+    cfg = resolve_config(config, backend, bootstrap, overrides)
+    directory = run_dir or default_run_dir(cfg)
+    run_component("rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region, hardware=hardware).run(stop))
+
+
+@app.command()
+def scale(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
+    """Scaler: trainer wait fraction → desired rollout producers, written to the metrics topic."""
+    from astraflow.infra.process import run_component
+    from astraflow.infra.scaler_component import ScalerComponent
+
+    cfg, directory = _component("scale", config, run_dir, backend, bootstrap)
+    run_component("scale", cfg, directory, lambda ctx, stop: ScalerComponent(ctx, cfg.policy).run(stop))
 
 
 @app.command()
@@ -137,18 +152,164 @@ def tail(
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record instead of the end.")] = False,
     limit: Annotated[Optional[int], typer.Option(help="Stop after this many records.")] = None,
     idle_timeout: Annotated[Optional[float], typer.Option(help="Stop after this many seconds without a record.")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Only records of this policy.")] = None,
+    min_version: Annotated[Optional[int], typer.Option(help="Only records of this weight version or newer.")] = None,
+    where: Annotated[Optional[list[str]], typer.Option(help="FIELD OP NUMBER, e.g. 'reward>0' (repeatable: all must hold).")] = None,
 ) -> None:
-    """Print the records of any topic as JSON lines (Avro decoded)."""
+    """Print the records of any topic as JSON lines (Avro decoded), optionally filtered."""
+    from astraflow.consumers.record_filter import RecordFilter
     from astraflow.consumers.tail import tail_topic
     from astraflow.errors import ConfigError
     from astraflow.log import open_log
 
     if (run_dir is None) == (bootstrap is None):
         raise ConfigError("tail: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
+    select = RecordFilter.parse(policy, min_version, where or [])
     log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=run_dir / "log.sqlite")
     with log:
-        for line in tail_topic(log, topic, group=group, from_beginning=from_beginning, limit=limit, idle_timeout=idle_timeout):
+        for line in tail_topic(log, topic, group=group, from_beginning=from_beginning, limit=limit, idle_timeout=idle_timeout,
+                               select=select if select.active else None):
             typer.echo(line)
+
+
+@app.command()
+def audit(
+    target: Annotated[Path, typer.Argument(help="Run directory (with the config.yaml that `astraflow run` saved) or run config.")],
+    run_dir: RunDirOpt = None,
+    bootstrap: BootstrapOpt = None,
+    versions: Annotated[bool, typer.Option("--versions", help="Also list how many trajectories each version trained.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Account for every trajectory: trained (version), filtered, dead-lettered or pending; exit 1 if any is lost or trained twice."""
+    import json
+
+    from astraflow.consumers.attach import attach
+    from astraflow.consumers.audit import audit_run, format_report
+
+    with attach(target, run_dir, bootstrap) as run:
+        report = audit_run(run)
+    typer.echo(json.dumps(report.to_dict()) if as_json else format_report(report, versions))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+RunTargetArg = Annotated[Path, typer.Argument(exists=True, help="Run directory (with its config.yaml), or the run's config (YAML).")]
+
+
+@app.command()
+def stats(
+    target: RunTargetArg,
+    run_dir: RunDirOpt = None,
+    bootstrap: BootstrapOpt = None,
+    window: Annotated[float, typer.Option(min=1, help="Seconds of the recent-throughput window.")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as one JSON object.")] = False,
+) -> None:
+    """Throughput, group lag, staleness, reward by version and drop reasons of a run (live or finished)."""
+    import json
+
+    from astraflow.consumers.attach import attach
+    from astraflow.consumers.stats import collect_stats
+
+    with attach(target, run_dir, bootstrap) as attached:
+        snapshot = collect_stats(attached, window_s=window)
+    if as_json:
+        typer.echo(json.dumps(snapshot.to_dict(), indent=2))
+        return
+    from rich.console import Console
+
+    from astraflow.consumers.stats_view import render_stats
+
+    Console().print(render_stats(snapshot))
+
+
+@app.command()
+def report(
+    target: RunTargetArg,
+    run_dir: RunDirOpt = None,
+    bootstrap: BootstrapOpt = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default RUN_DIR/report).")] = None,
+) -> None:
+    """PNG plots and a self-contained report.html of a run (live or finished)."""
+    from astraflow.consumers.report_data import gather
+    from astraflow.consumers.report_page import write_report_files
+
+    data, directory = gather(target, run_dir, bootstrap)
+    for path in write_report_files(data, out or directory / "report"):
+        typer.echo(path)
+
+
+@app.command()
+def export(
+    topic: Annotated[str, typer.Argument(help="Topic to export, e.g. main.trajectories.main")],
+    out: Annotated[Path, typer.Option(help="File to write.")],
+    to: Annotated[str, typer.Option(help="Format: jsonl or parquet.")] = "jsonl",
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory of an embedded log.")] = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """Write a topic's records (Avro decoded) as jsonl or parquet, for pandas or HF datasets."""
+    from astraflow.consumers.export import export_topic
+    from astraflow.errors import ConfigError
+    from astraflow.log import open_log
+
+    if (run_dir is None) == (bootstrap is None):
+        raise ConfigError("export: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
+    if run_dir is not None and not (run_dir / "log.sqlite").exists():
+        raise ConfigError(f"--run-dir {run_dir}: no log.sqlite there")
+    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=run_dir / "log.sqlite")
+    with log:
+        result = export_topic(log, topic, to, out)
+    skipped = ", ".join(f"{count} {reason}" for reason, count in result.skipped.items())
+    typer.echo(f"{out}: {result.rows} records" + (f" (skipped: {skipped})" if skipped else ""))
+
+
+runs_app = typer.Typer(no_args_is_help=True, help="List, describe and delete runs (topics namespaced by run, and run directories).")
+app.add_typer(runs_app, name="runs")
+RunsRootOpt = Annotated[Path, typer.Option("--root", help="Folder holding the run directories.")]
+
+
+@runs_app.command("ls")
+def runs_ls(root: RunsRootOpt = Path("runs"), bootstrap: BootstrapOpt = None) -> None:
+    """Every run: directories under --root, and with --bootstrap the run namespaces on that cluster."""
+    from rich.console import Console
+
+    from astraflow.consumers.runs import list_runs
+    from astraflow.consumers.runs_view import render_runs
+
+    Console().print(render_runs(list_runs(root, bootstrap)))
+
+
+@runs_app.command("show")
+def runs_show(
+    run_name: Annotated[str, typer.Argument(metavar="RUN", help="Run directory, or run name under --root / on --bootstrap.")],
+    root: RunsRootOpt = Path("runs"),
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """A run's status, topics (partitions, retention, records), consumer-group lag and summary."""
+    from rich.console import Console
+
+    from astraflow.consumers.runs import resolve_run, show_run
+    from astraflow.consumers.runs_view import render_run
+
+    Console().print(render_run(show_run(resolve_run(run_name, root, bootstrap))))
+
+
+@runs_app.command("rm")
+def runs_rm(
+    run_name: Annotated[str, typer.Argument(metavar="RUN", help="Run directory, or run name under --root / on --bootstrap.")],
+    root: RunsRootOpt = Path("runs"),
+    bootstrap: BootstrapOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    force: Annotated[bool, typer.Option(help="Delete even a live run.")] = False,
+) -> None:
+    """Delete a run's topics and its run directory."""
+    from astraflow.consumers.runs import remove_run, resolve_run
+
+    ref = resolve_run(run_name, root, bootstrap)
+    where = f"directory {ref.run_dir} and " if ref.run_dir else ""
+    if not yes:
+        typer.confirm(f"delete the {where}topics {ref.name}.* of run {ref.name!r}?", abort=True)
+    for removed in remove_run(ref, force=force):
+        typer.echo(f"removed {removed}")
 
 
 def main() -> None:

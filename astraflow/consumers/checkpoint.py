@@ -9,6 +9,8 @@ Steps of a save (why a crash at any point leaves either the old or the new check
 A reader takes the newest directory without the ``.tmp`` suffix. The consumed offsets are the
 log offsets of the *next* sample to train on, so a resumed trainer seeks there: a crash between an
 optimizer step and its checkpoint redoes that step from the same samples and never skips data.
+The state also keeps which offsets went into which version and where the trainer resumed, so
+``astraflow audit`` can tell from the newest checkpoint alone which samples were trained, when.
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+
+RECALL_WINDOW = 20_000
+"""Sample ids per partition a restarted trainer re-reads below its checkpointed offsets."""
 
 
 @dataclass
@@ -28,6 +36,40 @@ class TrainerState:
     offsets: dict[int, int]
     """Samples-topic partition → next offset to consume."""
     trained_samples: int
+    history: list[tuple[int, dict[int, int]]] = field(default_factory=list)
+    """(version, ``offsets`` after its batch) of every version trained, oldest first: the samples
+    below those offsets and at or above the previous version's were trained into that version."""
+    resumes: list[dict[int, int]] = field(default_factory=list)
+    """The offsets each restart of the trainer resumed from."""
+    recall_window: int = 0
+    """On a restart the trainer re-reads the ids of this many samples per partition below the
+    resumed offsets, so duplicates are dropped across restarts too (0: its memory began empty)."""
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "offsets": self.offsets, "trained_samples": self.trained_samples,
+                           "history": self.history, "resumes": self.resumes, "recall_window": self.recall_window})
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainerState":
+        raw = json.loads(text)
+
+        def offsets(d: dict) -> dict[int, int]:
+            return {int(k): v for k, v in d.items()}
+
+        return cls(raw["version"], offsets(raw["offsets"]), raw["trained_samples"],
+                   [(v, offsets(o)) for v, o in raw.get("history", [])], [offsets(o) for o in raw.get("resumes", [])], raw.get("recall_window", 0))
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint directory under ``directory``, or ``None``."""
+    done = sorted(p for p in directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
+    return done[-1] if done else None
+
+
+def read_latest_state(directory: Path) -> TrainerState | None:
+    """The trainer state of the newest checkpoint, without loading model or optimizer (no torch)."""
+    latest = latest_checkpoint(directory)
+    return None if latest is None else TrainerState.from_json((latest / "state.json").read_text())
 
 
 class CheckpointStore:
@@ -41,16 +83,17 @@ class CheckpointStore:
             shutil.rmtree(stale)
 
     def latest(self) -> Path | None:
-        done = sorted(p for p in self.directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
-        return done[-1] if done else None
+        return latest_checkpoint(self.directory)
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
+        import torch
+
         final = self.directory / f"v{state.version:08d}"
         tmp = final.with_name(final.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=False)
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({"version": state.version, "offsets": state.offsets, "trained_samples": state.trained_samples}))
+        (tmp / "state.json").write_text(state.to_json())
         for path in tmp.iterdir():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
@@ -66,10 +109,11 @@ class CheckpointStore:
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState | None:
         """Load the newest checkpoint into ``model`` and ``optimizer``; ``None`` when there is none."""
+        import torch
+
         latest = self.latest()
         if latest is None:
             return None
         model.load_state_dict(torch.load(latest / "model.pt", weights_only=True))
         optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
-        raw = json.loads((latest / "state.json").read_text())
-        return TrainerState(raw["version"], {int(k): v for k, v in raw["offsets"].items()}, raw["trained_samples"])
+        return TrainerState.from_json((latest / "state.json").read_text())

@@ -6,7 +6,8 @@ Steps of one version (the order is the guarantee):
    dead-lettered / dropped and counted) until the oldest complete groups hold ``batch_samples``.
 2. One optimizer step on that batch (``policy_step``): version v → v + 1.
 3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and the
-   offset *after* the batch's last sample (``CheckpointStore``).
+   offset *after* the batch's last sample (``CheckpointStore``), with every version's offsets and
+   the offsets this trainer resumed from (``astraflow audit`` reads which samples were trained).
 4. Publish version v + 1 (chunks, then manifest) to ``{run}.weights.{policy}``: a sparse delta
    against version v in the transfer dtype, or a full version (``weights.*``, ``weights/publish.py``).
 5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint).
@@ -26,6 +27,7 @@ from collections import OrderedDict
 from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError
 from astraflow.log import Message, TopicPartition
+from astraflow.consumers.checkpoint import RECALL_WINDOW
 from astraflow.schemas.records import TrainSample
 from astraflow.weights.publish import WeightPublisher
 
@@ -42,13 +44,19 @@ class BatchAssembler:
         self._remember = remember
         self.duplicates = 0
 
-    def add(self, sample: TrainSample, message: Message) -> None:
-        if sample.sample_id in self._seen:
-            self.duplicates += 1
-            return
-        self._seen[sample.sample_id] = None
+    def remember(self, sample_id: str) -> bool:
+        """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
+        if sample_id in self._seen:
+            return False
+        self._seen[sample_id] = None
         if len(self._seen) > self._remember:
             self._seen.popitem(last=False)
+        return True
+
+    def add(self, sample: TrainSample, message: Message) -> None:
+        if not self.remember(sample.sample_id):
+            self.duplicates += 1
+            return
         self.buffer.append((sample, message))
 
     def take(self) -> tuple[list[TrainSample], Message] | None:
@@ -98,6 +106,8 @@ class Trainer:
         self.learner.version = restored.version if restored else 0
         self.offsets = restored.offsets if restored else {}
         self.trained_samples = restored.trained_samples if restored else 0
+        self.history = restored.history if restored else []
+        self.resumes = restored.resumes + [dict(restored.offsets)] if restored else []
         if restored:
             logger.info("resumed %s at version %d from offsets %s", policy, restored.version, self.offsets)
         self.publisher = WeightPublisher(ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights)
@@ -108,13 +118,14 @@ class Trainer:
         consumer = ctx.log.consumer(group_id=f"{ctx.config.run}.train.{self.policy}")
         partitions = [TopicPartition(topic, p) for p in range(ctx.log.describe_topic(topic).partitions)]
         consumer.assign(partitions)
+        assembler = BatchAssembler(ctx.config.train.batch_samples)
+        self._recall_trained(partitions, assembler)
         for tp in partitions:
             consumer.seek(tp, self.offsets.get(tp.partition, 0))
         version = self.learner.version
         self.publisher.publish(self.learner.model.state_dict(), version)
         ctx.metric("train.version", version, version, policy=self.policy)
         ctx.producer.flush()
-        assembler = BatchAssembler(ctx.config.train.batch_samples)
         waited = 0.0
         try:
             while not stop.is_set():
@@ -135,6 +146,36 @@ class Trainer:
         finally:
             consumer.close()
 
+    def _recall_trained(self, partitions: list[TopicPartition], assembler: BatchAssembler, window: int = RECALL_WINDOW) -> None:
+        """After a restart, re-read the ids of the last ``window`` samples below the checkpointed offsets.
+
+        A stream processor that crashed between emitting a group and committing its input emits the
+        group again; the copy lands right after the original. Remembering the ids trained just before
+        the checkpoint lets the dedup in ``BatchAssembler`` drop such a copy across trainer restarts too.
+        """
+        for tp in partitions:
+            end = self.offsets.get(tp.partition, 0)
+            if end == 0:
+                continue
+            reader = self.ctx.log.consumer()  # no group: reads without touching the trainer's offsets
+            try:
+                reader.assign([tp])
+                reader.seek(tp, max(0, end - window))
+                position = max(0, end - window)
+                while position < end:
+                    messages = reader.poll(max_records=1024, timeout=1.0)
+                    if not messages:
+                        break
+                    for message in messages:
+                        position = message.offset + 1
+                        if message.offset < end:
+                            try:
+                                assembler.remember(self.ctx.codec.decode(message.value, expect=TrainSample).sample_id)
+                            except AstraFlowError:
+                                pass  # dead-lettered when it was first read
+            finally:
+                reader.close()
+
     def _step(self, batch: list[TrainSample], last: Message, waited: float) -> None:
         from astraflow.consumers.checkpoint import TrainerState
         from astraflow.consumers.policy_step import PolicyExample
@@ -150,8 +191,10 @@ class Trainer:
         version = learner.version
         self.trained_samples += len(batch)
         self.offsets[last.partition] = last.offset + 1
+        self.history.append((version, dict(self.offsets)))
         if version % ctx.config.train.checkpoint_every == 0:
-            self.checkpoints.save(learner.model, learner.optimizer, TrainerState(version, dict(self.offsets), self.trained_samples))
+            state = TrainerState(version, dict(self.offsets), self.trained_samples, list(self.history), list(self.resumes), RECALL_WINDOW)
+            self.checkpoints.save(learner.model, learner.optimizer, state)
         manifest = self.publisher.publish(learner.model.state_dict(), version)
         changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
         figures = {"loss": stats.loss, "grad_norm": stats.grad_norm, "step_seconds": stats.seconds, "wait_seconds": waited,

@@ -5,21 +5,30 @@ tasks, and returns, per task, either its trajectories or the reason it failed. W
 episode logic (turns, tools, rewards); the producer only moves records. Batching across tasks
 lets one engine call serve many episodes.
 
-Rewards that raise are failures of the task (dead-lettered with the reason by the producer),
-never a silent zero: a wrong answer scores 0, a broken reward function is an error.
+Rewards that raise, or return a value that is not a finite number, are failures of the task
+(dead-lettered with the reason by the producer), never a silent zero: a wrong answer scores 0, a
+broken reward function is an error.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from astraflow.errors import ConfigError, RewardError
 from astraflow.schemas.records import RolloutTask, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from astraflow.config import AgentConfig
 
 
 @dataclass
@@ -71,7 +80,7 @@ class SingleTurnWorkflow(Workflow):
             try:
                 for index, generation in enumerate(generations):
                     t0 = time.perf_counter()
-                    reward = self.reward(generation.text, task.reference)
+                    reward = score(self.reward, generation.text, task.reference)
                     reward_ms = (time.perf_counter() - t0) * 1000
                     outcome.trajectories.append(self._trajectory(task, index, generation, reward, engine.version, generate_ms, reward_ms, provenance))
             except RewardError as exc:
@@ -110,6 +119,19 @@ class SingleTurnWorkflow(Workflow):
         )
 
 
+def score(reward: Callable[[str, str], float], text: str, reference: str) -> float:
+    """``reward(text, reference)``; ``RewardError`` when it raises or gives no finite number."""
+    try:
+        value = reward(text, reference)
+    except RewardError:
+        raise
+    except Exception as exc:  # any bug of a pluggable reward function fails the task, with its cause
+        raise RewardError(f"reward function {getattr(reward, '__name__', reward)!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise RewardError(f"reward function {getattr(reward, '__name__', reward)!r} returned {value!r}, not a finite number")
+    return float(value)
+
+
 def reward_function(name: str) -> Callable[[str, str], float]:
     """The reward function named in the config."""
     if name == "exact_match":
@@ -119,8 +141,12 @@ def reward_function(name: str) -> Callable[[str, str], float]:
     raise ConfigError(f"rollout.reward: unknown reward {name!r}; choose 'exact_match'")
 
 
-def build_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, temperature: float) -> Workflow:
-    """The workflow named by ``rollout.workflow``."""
+def build_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, temperature: float, agent: AgentConfig | None = None, data_dir: Path | None = None) -> Workflow:
+    """The workflow named by ``rollout.workflow``; the multi-turn ones (``agent_workflows.py``) also
+    read the ``agent`` section and the run's data directory (where the task wrote its corpus)."""
     if kind == "single_turn":
         return SingleTurnWorkflow(policy, reward_function(reward), max_new_tokens, temperature)
-    raise ConfigError(f"rollout.workflow: unknown workflow {kind!r}; choose 'single_turn'")
+    from astraflow.config import AgentConfig
+    from astraflow.producers.agent_workflows import build_agent_workflow
+
+    return build_agent_workflow(kind, policy, reward, max_new_tokens, temperature, agent or AgentConfig(), data_dir)

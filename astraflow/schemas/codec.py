@@ -38,7 +38,7 @@ NDARRAY_DTYPES = {
     "ndarray-float32": np.dtype("<f4"),
     "ndarray-uint8": np.dtype("u1"),
 }
-_READ_ERRORS = (EOFError, ValueError, TypeError, IndexError, OverflowError, SchemaResolutionError)
+_READ_ERRORS = (EOFError, ValueError, TypeError, IndexError, OverflowError)
 
 R = TypeVar("R")
 Convert = Callable[[Any], Any]
@@ -244,6 +244,11 @@ class Codec:
         buf.seek(HEADER_SIZE)
         try:
             values = schemaless_reader(buf, writer.parsed, reader)
+        except SchemaResolutionError as exc:
+            if reader is None:
+                raise SchemaError(f"corrupt or truncated {_where(writer, data)}: {type(exc).__name__}: {exc}") from exc
+            raise SchemaError(f"incompatible {_where(writer, data)}: its writer schema does not resolve to this "
+                              f"package's schema: {exc}") from exc
         except _READ_ERRORS as exc:
             raise SchemaError(f"corrupt or truncated {_where(writer, data)}: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data):

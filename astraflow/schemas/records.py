@@ -146,6 +146,7 @@ class PromptStats:
     accepted: bool = True
     drop_reason: str = ""
     created_ms: int = 0
+    trajectory_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

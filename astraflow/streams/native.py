@@ -4,11 +4,14 @@ One loop per policy, in a consumer group so several processors can share the par
 of one iteration (what makes it at-least-once with duplicates dropped):
 
 1. Poll trajectory records; a record that does not decode or fails validation (NaN reward,
-   mismatched arrays) goes to the dead-letter topic with the reason.
+   mismatched arrays, another policy's trajectory) goes to the dead-letter topic with the reason,
+   and counts as a failed member of its group (the record key names the group when the bytes do not).
 2. Add each trajectory to the ``GroupBuffer`` (duplicate trajectory ids are dropped there).
-3. Run every completed group through the group operators (``Pipeline.process``). Every group,
-   accepted or dropped, yields a PromptStats record on the feedback topic (the feeder's
-   back-pressure and curators read it); a drop is counted by its kind in ``stream.dropped.<kind>``.
+3. Run every completed group through the group operators (``Pipeline.process``); a group with a
+   dead-lettered member is dropped as ``incomplete`` without them. Every group, accepted or
+   dropped, yields a PromptStats record on the feedback topic, listing its trajectory ids (the
+   feeder's back-pressure and curators read it, ``astraflow audit`` takes the drop reasons from
+   it); a drop is counted by its kind in ``stream.dropped.<kind>``.
 4. The poll's accepted groups, with the replayed copies the mixers add, in the ordering's order
    (``Pipeline.emit``), go to ``{run}.samples.{policy}`` as TrainSamples that list the operators
    they passed.
@@ -83,17 +86,23 @@ class NativeStreamProcessor:
             trajectory = self.ctx.codec.decode(message.value, expect=Trajectory)
         except AstraFlowError as exc:
             self.ctx.dead_letter(message, f"undecodable trajectory: {exc}", exc)
-            return None
+            group_id = message.key.decode("utf-8", "replace") if message.key else None
+            return None if group_id is None else self.buffer.fail(group_id, f"{message.partition}@{message.offset}")
         problem = validate(trajectory)
+        if problem is None and trajectory.policy != self.policy:
+            problem = f"policy {trajectory.policy!r} is not {self.policy!r}, the policy of this trajectories topic"
         if problem is not None:
             self.ctx.dead_letter(message, f"invalid trajectory {trajectory.trajectory_id}: {problem}")
-            return None
+            return self.buffer.fail(trajectory.group_id, trajectory.trajectory_id, trajectory.group_size)
         return self.buffer.add(trajectory, message.partition, message.offset)
 
     def _process(self, group: Group, version: int) -> bool:
         """Run the group operators, report the group on the feedback topic; True when accepted."""
         ctx = self.ctx
-        reason = self.pipeline.process(group, version)
+        if group.failed:
+            reason = f"incomplete: {len(group.failed)} member(s) dead-lettered ({', '.join(group.failed[:3])})"
+        else:
+            reason = self.pipeline.process(group, version)
         rewards = group.raw_rewards
         first = group.trajectories[0]
         stats = PromptStats(
@@ -109,6 +118,7 @@ class NativeStreamProcessor:
             accepted=reason is None,
             drop_reason=reason or "",
             created_ms=now_ms(),
+            trajectory_ids=[t.trajectory_id for t in group.trajectories],
         )
         ctx.producer.send(ctx.topics.feedback(), ctx.codec.encode(stats), key=first.prompt_id.encode())
         ctx.metric("stream.group_reward", stats.mean_reward, version, policy=self.policy)

@@ -36,6 +36,7 @@ class Group:
     advantages: np.ndarray | None = None  # [G] float32
     operators: list[str] = field(default_factory=list)
     replay: int = 0  # 0: fresh; n: the n-th replayed copy of this group
+    failed: list[str] = field(default_factory=list)  # members that were dead-lettered: the group is incomplete
     rewards: np.ndarray = field(init=False)  # [G] float64, rewritten by reward normalisation
 
     def __post_init__(self) -> None:
@@ -108,6 +109,8 @@ def validate(trajectory: Trajectory) -> str | None:
             return f"{name} has {len(getattr(trajectory, name))} entries for {n} response tokens"
     if n == 0:
         return "empty response"
+    if trajectory.group_size < 1:
+        return f"group_size {trajectory.group_size} (an empty group)"
     if not np.isfinite(trajectory.behaviour_logprobs).all():
         return "non-finite behaviour log-probs"
     return None
@@ -118,10 +121,15 @@ class GroupBuffer:
 
     Duplicates (the same trajectory id delivered twice after a producer retry) are dropped here;
     ids of recently completed groups are remembered so a late duplicate does not start a new group.
+    A member that was dead-lettered counts towards its group's size (``fail``), so the group still
+    completes - with ``Group.failed`` set, for the runtime to drop - instead of waiting forever and
+    holding back the committed offset.
     """
 
     def __init__(self, remember: int = 100_000) -> None:
         self.pending: dict[str, dict[str, tuple[Trajectory, int, int]]] = {}
+        self.failed: dict[str, dict[str, int]] = {}
+        """Group id → dead-lettered member (trajectory id, or partition@offset) → its group_size (0: unknown)."""
         self._done: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
         self.duplicates = 0
@@ -134,14 +142,30 @@ class GroupBuffer:
             self.duplicates += 1
             return None
         members[trajectory.trajectory_id] = (trajectory, partition, offset)
-        if len(members) < trajectory.group_size:
+        return self._complete(gid, trajectory.group_size)
+
+    def fail(self, group_id: str, member: str, group_size: int = 0) -> Group | None:
+        """Count a dead-lettered member of ``group_id``; return the group once that completes it."""
+        if group_id in self._done:
             return None
-        del self.pending[gid]
+        self.failed.setdefault(group_id, {})[member] = group_size
+        return self._complete(group_id, group_size)
+
+    def _complete(self, gid: str, group_size: int) -> Group | None:
+        members = self.pending.get(gid, {})
+        failed = self.failed.get(gid, {})
+        size = max([group_size, *failed.values()] + [t.group_size for t, _, _ in members.values()])
+        if size == 0 or len(members) + len(failed) < size:
+            return None
+        self.pending.pop(gid, None)
+        self.failed.pop(gid, None)
         self._done[gid] = None
         if len(self._done) > self._remember:
             self._done.popitem(last=False)
+        if not members:
+            return None
         ordered = sorted(members.values(), key=lambda item: item[0].trajectory_id)
-        return Group(gid, [item[0] for item in ordered])
+        return Group(gid, [item[0] for item in ordered], failed=sorted(failed))
 
     def safe_offsets(self, positions: dict[int, int]) -> dict[int, int]:
         """Per partition, the offset up to which every record belongs to an emitted group."""

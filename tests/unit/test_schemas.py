@@ -72,7 +72,7 @@ SAMPLES: dict[str, Any] = {
         "solver", 2, -1, "full", "manifest", -1, 1, 12, "ab" * 32,
         tensors=[TensorSpec("w", "float32", [3], 0, 12, "raw")], store_uri="file:///tmp/w", created_ms=6,
     ),
-    "PromptStats": PromptStats("p-1", "grp-1", "math", "solver", 3, 4, 0.5, 0.25, 0.75, False, "zero_variance: all rewards equal", 7),
+    "PromptStats": PromptStats("p-1", "grp-1", "math", "solver", 3, 4, 0.5, 0.25, 0.75, False, "zero_variance: all rewards equal", 7, ["traj-1", "traj-2"]),
     "Metric": Metric("trainer.solver", "loss", -0.125, 3, 8, {"policy": "solver"}),
     "DeadLetter": DeadLetter("stream", "bad bytes", "SchemaError", "run.trajectories.x", 0, 17, b"k", b"\x00\xff", 9),
 }

@@ -123,3 +123,21 @@ def test_checkpoint_round_trip_and_atomicity(tmp_path: Path) -> None:
 def test_no_checkpoint_restores_nothing(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 2)
     assert CheckpointStore(tmp_path).restore(model, torch.optim.AdamW(model.parameters())) is None
+
+
+def test_a_restarted_trainer_recalls_the_ids_it_trained_before_its_checkpoint(ctx: ComponentContext) -> None:
+    from types import SimpleNamespace
+
+    from astraflow.consumers.trainer import Trainer
+    from astraflow.log import TopicPartition
+
+    topic = ctx.topics.samples("main")
+    ctx.topics.ensure(ctx.log, 1)
+    for i in range(6):
+        ctx.producer.send(topic, ctx.codec.encode(TrainSample(f"s{i}", traj("g", i % 2, 1.0), 1.0, 3)), partition=0)
+    ctx.producer.flush()
+    assembler = BatchAssembler(batch_samples=2)
+    trainer = SimpleNamespace(ctx=ctx, offsets={0: 4})  # checkpointed: offsets 0..3 trained
+    Trainer._recall_trained(trainer, [TopicPartition(topic, 0)], assembler, window=3)
+    # offsets 1..3 are recalled (the window), 0 is outside it, 4 and 5 were never trained
+    assert [assembler.remember(f"s{i}") for i in range(6)] == [True, False, False, False, True, True]
