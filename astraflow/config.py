@@ -71,8 +71,8 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    kind: Literal["arithmetic"] = "arithmetic"
-    """The task family; ``arithmetic`` is two-digit addition (``12+35=`` → ``47``), exact-match reward."""
+    kind: Literal["arithmetic", "search_facts", "code_io", "rooms"] = "arithmetic"
+    """The task family: ``arithmetic`` (``12+35=`` → ``47``); ``search_facts`` (made-up entity facts, answerable by searching a generated corpus); ``code_io`` (programs from input/output examples); ``rooms`` (text room-navigation games)."""
     train_file: str | None = None
     """A jsonl dataset of ``{prompt_id, prompt, answer}`` rows to train on; unset: generated into the run directory."""
     heldout_file: str | None = None
@@ -97,10 +97,10 @@ class WarmupConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    workflow: Literal["single_turn"] = "single_turn"
-    """Episode logic run by the producers: ``single_turn`` samples one answer per prompt and scores it."""
-    reward: Literal["exact_match"] = "exact_match"
-    """Reward function of the workflow: ``exact_match`` is 1 for the reference answer, else 0."""
+    workflow: Literal["single_turn", "search", "code", "rooms", "http_env"] = "single_turn"
+    """Episode logic run by the producers: ``single_turn`` samples one answer per prompt and scores it; the multi-turn ones (limits in ``agent``) are ``search`` (BM25 search tool), ``code`` (programs run in the sandbox), ``rooms`` (the bundled room-navigation game) and ``http_env`` (an environment served at ``agent.env_url``)."""
+    reward: Literal["exact_match", "tests_passed", "env"] = "exact_match"
+    """Reward of the workflow: ``exact_match`` (1 for the reference answer; ``single_turn``, ``search``), ``tests_passed`` (fraction of tests passed; ``code``), ``env`` (what the environment reports; ``rooms``, ``http_env``)."""
     producers: int = Field(default=1, ge=1, le=64)
     """Rollout producer processes started by ``astraflow run``."""
     group_size: int = Field(default=8, ge=1, le=1024)
@@ -113,6 +113,47 @@ class RolloutConfig(_Section):
     """Sampling temperature."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of each producer process."""
+
+
+class SandboxConfig(_Section):
+    backend: Literal["auto", "bwrap", "unshare"] = "auto"
+    """Isolation of model-generated programs: ``bwrap`` (bubblewrap), ``unshare`` (user namespaces + rlimits), ``auto`` (the first that works); none working is an error at start-up."""
+    python: str = "/usr/bin/python3"
+    """Interpreter inside the sandbox (the host's system Python, seen read-only)."""
+    wall_seconds: float = Field(default=2.0, gt=0.0, le=600.0)
+    """Wall-clock limit of one program run; the whole sandbox is killed after it."""
+    cpu_seconds: int = Field(default=1, ge=1, le=600)
+    """CPU-time limit of each process (RLIMIT_CPU)."""
+    memory_mb: int = Field(default=256, ge=32, le=65536)
+    """Address-space limit of each process in MiB (RLIMIT_AS)."""
+    max_processes: int = Field(default=16, ge=2, le=4096)
+    """Processes and threads the program may run at once (RLIMIT_NPROC in its own user namespace)."""
+    max_file_mb: int = Field(default=8, ge=1, le=4096)
+    """Largest file, and size of the tmpfs ``/work`` and ``/tmp``, in MiB."""
+
+
+class AgentConfig(_Section):
+    """Limits and tools of the multi-turn workflows (``rollout.workflow`` other than ``single_turn``)."""
+
+    max_turns: int = Field(default=4, ge=1, le=256)
+    """Policy turns per episode (each answered by the environment)."""
+    max_total_tokens: int = Field(default=256, ge=2, le=1_000_000)
+    """Response tokens per episode, policy and environment turns together (``rollout.max_new_tokens`` bounds one policy turn)."""
+    max_observation_tokens: int = Field(default=64, ge=1, le=100_000)
+    """Tokens kept of one environment turn (the rest is cut)."""
+    max_tool_seconds: float = Field(default=30.0, gt=0.0, le=3600.0)
+    """Environment / tool time per episode; past it the episode ends (``tool_time_limit``)."""
+    tool_workers: int = Field(default=4, ge=1, le=256)
+    """Environment steps a producer runs in parallel."""
+    search_top_k: int = Field(default=1, ge=1, le=50)
+    """``search``: documents returned per query."""
+    corpus_file: str | None = None
+    """``search``: jsonl corpus of ``{doc_id, text}`` rows; unset: the one generated with the task in the run directory."""
+    env_url: str | None = None
+    """``http_env``: base URL of the environment server (``reset`` / ``step`` / ``close``)."""
+    env_timeout_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    """``http_env``: timeout of one request."""
+    sandbox: SandboxConfig = SandboxConfig()
 
 
 class AcceptAllCurator(_Section):
@@ -269,6 +310,39 @@ class StopConfig(_Section):
     """Stop once the trainer has published this many versions."""
 
 
+class ScalerConfig(_Section):
+    """Autoscaling of the rollout producers from the trainer's wait fraction (``astraflow scale``; rule in ``astraflow.infra.scaler``)."""
+
+    enabled: bool = False
+    """Run the scaler with ``astraflow run`` and start / stop local rollout producers to its decisions."""
+    min_producers: int = Field(default=1, ge=1, le=64)
+    """Fewest rollout producers the scaler asks for."""
+    max_producers: int = Field(default=4, ge=1, le=64)
+    """Most rollout producers the scaler asks for (``astraflow run`` also caps it at ``log.partitions``)."""
+    window_s: float = Field(default=60.0, ge=1.0, le=86400.0)
+    """Seconds of trainer steps and producer reports each decision looks back over."""
+    interval_s: float = Field(default=10.0, gt=0.0, le=3600.0)
+    """Seconds between two decisions written to the metrics topic."""
+    cooldown_s: float = Field(default=60.0, ge=0.0, le=86400.0)
+    """Seconds after a change (and after start) during which the decision holds, so new producers can show their effect."""
+    min_steps: int = Field(default=1, ge=1)
+    """Trainer steps the window must hold before the wait fraction is trusted (fewer: hold)."""
+    scale_up_above: float = Field(default=0.10, gt=0.0, lt=1.0)
+    """Wait fraction above which the pool grows to ⌈G / (1 − w)⌉."""
+    scale_down_below: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Wait fraction below which the pool shrinks to ⌈G · consumed/entered · headroom⌉."""
+    headroom: float = Field(default=1.10, ge=1.0, le=4.0)
+    """Spare capacity kept when shrinking (1.10: ten per cent)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ScalerConfig":
+        if self.min_producers > self.max_producers:
+            raise ValueError(f"min_producers ({self.min_producers}) must not exceed max_producers ({self.max_producers})")
+        if self.scale_down_below > self.scale_up_above:
+            raise ValueError(f"scale_down_below ({self.scale_down_below}) must not exceed scale_up_above ({self.scale_up_above})")
+        return self
+
+
 class RunConfig(_Section):
     """One AstraFlow run: what every component of it reads."""
 
@@ -283,11 +357,13 @@ class RunConfig(_Section):
     task: TaskConfig = TaskConfig()
     warmup: WarmupConfig = WarmupConfig()
     rollout: RolloutConfig = RolloutConfig()
+    agent: AgentConfig = AgentConfig()
     stream: StreamConfig = StreamConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     weights: WeightsConfig = WeightsConfig()
     stop: StopConfig = StopConfig()
+    scaler: ScalerConfig = ScalerConfig()
 
 
 def load_config(path: str | Path, overrides: dict[str, object] | None = None) -> RunConfig:

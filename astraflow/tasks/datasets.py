@@ -32,8 +32,37 @@ def load_task_split(task: TaskConfig, run_dir: Path, split: Split) -> list[Probl
     if not path.is_file():
         # several components may get here at once: each writes its own file and renames it into
         # place, so a reader never sees a half-written split (they are identical by the seed)
-        train, heldout = addition_problems(seed=task.seed, heldout_size=task.heldout_size)
+        train, heldout = generate_split(task, run_dir / "data")
         for name, rows in (("train", train), ("heldout", heldout)):
             tmp = write_jsonl(run_dir / "data" / f".{name}.{os.getpid()}.jsonl", rows)
             os.replace(tmp, run_dir / "data" / f"{name}.jsonl")
     return read_jsonl(path)
+
+
+def generate_split(task: TaskConfig, data_dir: Path) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out) rows of ``task.kind``, a pure function of its seed; ``search_facts`` also
+    writes the corpus it is answered from (``data_dir/corpus.jsonl``)."""
+    if task.kind == "search_facts":
+        from astraflow.tasks.facts import fact_problems
+
+        return fact_problems(task.seed, task.heldout_size, data_dir)
+    if task.kind == "code_io":
+        from astraflow.tasks.programs import program_problems
+
+        return program_problems(task.seed, task.heldout_size)
+    if task.kind == "rooms":
+        from astraflow.tasks.rooms import room_problems
+
+        return room_problems(task.seed, task.heldout_size)
+    return addition_problems(seed=task.seed, heldout_size=task.heldout_size)
+
+
+def task_alphabet(kind: str) -> str:
+    """Characters of the character-level tokenizer a tiny model for ``kind`` is built with."""
+    if kind == "arithmetic":
+        from astraflow.models.tiny import DEFAULT_ALPHABET
+
+        return DEFAULT_ALPHABET
+    from astraflow.tasks.facts import ALPHABET
+
+    return ALPHABET

@@ -1,0 +1,1 @@
+"""Environments of multi-turn workflows: the contract, bundled ones, and the HTTP adapter."""

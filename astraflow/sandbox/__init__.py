@@ -1,0 +1,42 @@
+"""Run model-generated programs with no network, a read-only system and kernel-enforced limits.
+
+``open_sandbox`` picks the backend named by the config (``auto``: bubblewrap, else ``unshare``)
+and proves it works by running a trivial program once; with no working backend it raises
+``SandboxUnavailableError`` saying what to install, and no program is ever run unsandboxed.
+"""
+
+from __future__ import annotations
+
+from astraflow.sandbox.base import RunResult, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError
+from astraflow.sandbox.bwrap import BwrapSandbox
+from astraflow.sandbox.unshare import UnshareSandbox
+
+BACKENDS: dict[str, type[Sandbox]] = {"bwrap": BwrapSandbox, "unshare": UnshareSandbox}
+HINT = "install bubblewrap (apt-get install bubblewrap) or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+
+
+def probe(sandbox: Sandbox) -> str | None:
+    """Why ``sandbox`` cannot run programs here, or ``None`` when a trivial program runs in it."""
+    try:
+        result = sandbox.run_python("print('ok')")
+    except SandboxError as exc:
+        return str(exc)
+    return None if result.ok and result.stdout == "ok\n" else f"{sandbox.name}: the probe program failed ({result.describe()}): {result.stderr[-300:]}"
+
+
+def open_sandbox(backend: str = "auto", limits: SandboxLimits = SandboxLimits(), python: str = "/usr/bin/python3") -> Sandbox:
+    """A working sandbox of ``backend`` (``auto``, ``bwrap`` or ``unshare``), or ``SandboxUnavailableError``."""
+    names = list(BACKENDS) if backend == "auto" else [backend]
+    if any(name not in BACKENDS for name in names):
+        raise SandboxUnavailableError(f"sandbox backend {backend!r} is unknown; choose auto, bwrap or unshare")
+    problems = []
+    for name in names:
+        sandbox = BACKENDS[name](limits, python=python)
+        problem = probe(sandbox)
+        if problem is None:
+            return sandbox
+        problems.append(problem)
+    raise SandboxUnavailableError(f"no sandbox backend works ({'; '.join(problems)}): {HINT}")
+
+
+__all__ = ["BACKENDS", "BwrapSandbox", "RunResult", "Sandbox", "SandboxError", "SandboxLimits", "SandboxUnavailableError", "UnshareSandbox", "open_sandbox", "probe"]

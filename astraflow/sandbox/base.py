@@ -1,0 +1,211 @@
+"""The sandbox contract: limits, the result of one run, the errors, and the backend ABC.
+
+A sandbox runs one untrusted program (argv + files + stdin) in a fresh throwaway directory with
+no network, a read-only system (only ``/usr`` and its siblings are visible; ``/etc``, ``/home``,
+``/root`` and the caller's directories are not), and CPU / memory / process / file-size / wall
+limits. The two outcomes are kept apart on purpose:
+
+- the *program* failed (non-zero exit, killed by a limit, timed out): a ``RunResult``, which a
+  reward turns into a failed test;
+- the *sandbox* failed (cannot start, the launcher never reached the program): ``SandboxError``,
+  which fails the task (dead-lettered), never a silent zero reward.
+
+How that is told apart: the launcher inside the sandbox writes ``ready`` to a status file just
+before it ``exec``s the program, so a run without that line never reached the program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from astraflow.errors import AstraFlowError
+
+SANDBOX_UID = 65534  # nobody: a root caller drops to it, so the kernel enforces RLIMIT_NPROC
+WORKDIR = "/work"
+PROGRAM_ENV = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # no /etc, /home, /root, /tmp
+LAUNCHER = Path(__file__).with_name("launcher.py")
+
+
+class SandboxError(AstraFlowError):
+    """The sandbox itself failed: the program did not run, so there is no result to score."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """No sandbox backend works on this machine; the message says what to install or enable."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-run limits; every one of them is enforced by the kernel, not by the program."""
+
+    wall_seconds: float = 5.0  # the whole sandbox (every process in it) is killed after this
+    cpu_seconds: int = 2  # RLIMIT_CPU of each process (SIGXCPU, then SIGKILL one second later)
+    memory_mb: int = 256  # RLIMIT_AS of each process
+    max_processes: int = 16  # RLIMIT_NPROC inside the sandbox's user namespace
+    max_file_mb: int = 8  # RLIMIT_FSIZE, and the size of the /work and /tmp tmpfs
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_output_bytes: int = 64 * 1024  # stdout / stderr kept (the rest is cut, and reported)
+
+    def rlimits(self) -> dict[str, tuple[int, int]]:
+        """The ``resource`` limits the launcher sets on the program, by name."""
+        mib = 1024 * 1024
+        return {
+            "RLIMIT_CPU": (self.cpu_seconds, self.cpu_seconds + 1),
+            "RLIMIT_AS": (self.memory_mb * mib, self.memory_mb * mib),
+            "RLIMIT_NPROC": (self.max_processes, self.max_processes),
+            "RLIMIT_FSIZE": (self.max_file_mb * mib, self.max_file_mb * mib),
+            "RLIMIT_NOFILE": (self.max_open_files, self.max_open_files),
+            "RLIMIT_CORE": (0, 0),
+        }
+
+
+@dataclass
+class RunResult:
+    """What one program run did; a failed or killed program is a result, not an error."""
+
+    exit_code: int  # the program's status; 128 + N when signal N killed it
+    stdout: str
+    stderr: str
+    timed_out: bool  # the wall limit was hit and the sandbox was killed
+    wall_ms: float
+    truncated: bool = False  # stdout or stderr was longer than max_output_bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that killed the program, when its status says so."""
+        return self.exit_code - 128 if 128 < self.exit_code < 128 + 65 else None
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.wall_ms / 1000:.1f} s"
+        if self.signal is not None:
+            return f"killed by {signal.Signals(self.signal).name}" if self.signal in signal.valid_signals() else f"exit {self.exit_code}"
+        return f"exit {self.exit_code}"
+
+
+class Sandbox(ABC):
+    """Runs untrusted programs; backends differ only in the command that builds the isolation."""
+
+    name: str
+
+    def __init__(self, limits: SandboxLimits, python: str = "/usr/bin/python3") -> None:
+        self.limits = limits
+        self.python = python
+
+    @abstractmethod
+    def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:
+        """The host command that runs the launcher with ``spec`` inside this backend's isolation."""
+
+    def run(self, argv: list[str], files: Mapping[str, str | bytes] | None = None, stdin: str | bytes = b"") -> RunResult:
+        """Run ``argv`` in ``/work`` holding ``files`` (name → content); ``SandboxError`` if it cannot run.
+
+        Steps: write the inputs to a throwaway host directory; start the backend's command in its
+        own session with stdout / stderr going to files (the program's RLIMIT_FSIZE bounds them);
+        wait up to ``wall_seconds``, then kill the session, which takes the sandbox's pid
+        namespace and every process in it down; read the status line, the outputs, and remove
+        the directory.
+        """
+        directory = throwaway_dir()
+        try:
+            inputs, stdin_path = write_inputs(directory, files or {}, stdin)
+            with open(stdin_path, "rb") as fin, open(directory / "stdout", "wb+") as fout, open(directory / "stderr", "wb+") as ferr, open(directory / "status", "wb+") as fstatus:
+                spec = {"status_fd": fstatus.fileno(), "rlimits": self.limits.rlimits(), "argv": argv, "env": PROGRAM_ENV, "cwd": WORKDIR}
+                command = self.command(directory, inputs, spec)
+                started = time.perf_counter()
+                try:
+                    process = subprocess.Popen(command, stdin=fin, stdout=fout, stderr=ferr, pass_fds=(fstatus.fileno(),), start_new_session=True, env={"PATH": "/usr/bin:/bin"}, **drop_privileges())
+                except OSError as exc:
+                    raise SandboxError(f"{self.name}: cannot start {command[0]}: {exc}") from exc
+                timed_out = False
+                try:
+                    code = process.wait(timeout=self.limits.wall_seconds)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    os.killpg(process.pid, signal.SIGKILL)
+                    code = process.wait()
+                wall_ms = (time.perf_counter() - started) * 1000
+                status = (directory / "status").read_text(errors="replace").splitlines()
+                stdout, cut_out = _read(fout, self.limits.max_output_bytes)
+                stderr, cut_err = _read(ferr, self.limits.max_output_bytes)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        failed = [line for line in status if line != "ready"]
+        if failed or (not status and not timed_out):
+            raise SandboxError(f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}'}): {stderr.strip()[-500:]}")
+        if not status:
+            raise SandboxError(f"{self.name}: the sandbox did not start within {self.limits.wall_seconds} s")
+        return RunResult(code, stdout, stderr, timed_out, wall_ms, cut_out or cut_err)
+
+    def run_python(self, source: str, stdin: str | bytes = b"") -> RunResult:
+        """Run a Python program (the sandbox's system interpreter, isolated mode) as ``/work/main.py``."""
+        return self.run([self.python, "-I", "main.py"], {"main.py": source}, stdin)
+
+    def launcher_argv(self, spec: dict) -> list[str]:
+        """The launcher run by the system interpreter inside the sandbox (see ``launcher.py``)."""
+        return [self.python, "-I", "-S", "-c", LAUNCHER.read_text(), json.dumps(spec)]
+
+
+def _read(handle, limit: int) -> tuple[str, bool]:
+    handle.seek(0)
+    data = handle.read(limit + 1)
+    return data[:limit].decode(errors="replace"), len(data) > limit
+
+
+def system_mounts() -> tuple[list[str], dict[str, str]]:
+    """The read-only system the program sees: directories to bind, and the symlinks among them."""
+    binds, links = [], {}
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            links[path] = os.readlink(path)
+        elif os.path.isdir(path):
+            binds.append(path)
+    return binds, links
+
+
+def throwaway_dir() -> Path:
+    """A fresh host directory the sandbox user can read (for the program's input files)."""
+    path = Path(tempfile.mkdtemp(prefix="astraflow-sandbox-"))
+    path.chmod(0o755)
+    return path
+
+
+def write_inputs(directory: Path, files: Mapping[str, str | bytes], stdin: str | bytes) -> tuple[dict[str, Path], Path]:
+    """Write the program's files and stdin under ``directory``; names must be plain file names."""
+    paths = {}
+    for name, content in files.items():
+        if not name or "/" in name or name in (".", ".."):
+            raise SandboxError(f"sandbox file names must be plain names, got {name!r}")
+        path = directory / "in" / name
+        path.parent.mkdir(exist_ok=True, mode=0o755)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        path.chmod(0o644)
+        paths[name] = path
+    stdin_path = directory / "stdin"
+    stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
+    return paths, stdin_path
+
+
+def drop_privileges() -> dict[str, object]:
+    """``subprocess.Popen`` keyword arguments that run a root caller's sandbox as ``nobody``.
+
+    As root, the sandboxed processes would map to the host's uid 0, for which the kernel skips
+    RLIMIT_NPROC (a fork bomb would not be contained) and owner checks pass on root's files.
+    """
+    if os.geteuid() != 0:
+        return {}
+    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}

@@ -1,0 +1,38 @@
+"""The bubblewrap backend (Debian's ``bubblewrap`` package): the preferred isolation.
+
+Namespaces: user, pid, net (loopback only), ipc, uts, cgroup. Filesystem: a fresh root holding
+read-only binds of the system directories (``base.SYSTEM_PATHS``), a size-limited tmpfs ``/work``
+(the program's throwaway directory, input files bound read-only into it) and ``/tmp``, ``/proc``
+of the new pid namespace and a minimal ``/dev``; the root itself is remounted read-only.
+``--die-with-parent`` ties the sandbox to the bwrap process the caller kills on a timeout, and
+``--new-session`` keeps the program off the caller's terminal.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from astraflow.sandbox.base import WORKDIR, Sandbox, system_mounts
+
+
+class BwrapSandbox(Sandbox):
+    name = "bwrap"
+
+    def __init__(self, *args, binary: str = "bwrap", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.binary = shutil.which(binary) or binary
+
+    def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:
+        size = str(self.limits.max_file_mb * 1024 * 1024)
+        binds, links = system_mounts()
+        argv = [self.binary, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+        for path in binds:
+            argv += ["--ro-bind", path, path]
+        for link, target in links.items():
+            argv += ["--symlink", target, link]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
+        for name, path in inputs.items():
+            argv += ["--ro-bind", str(path), f"{WORKDIR}/{name}"]
+        argv += ["--remount-ro", "/", "--chdir", WORKDIR, "--setenv", "PATH", "/usr/bin:/bin"]
+        return argv + self.launcher_argv(spec)

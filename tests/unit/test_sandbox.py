@@ -1,0 +1,144 @@
+"""The sandbox contains escape attempts and tells program failures from sandbox failures.
+
+Every test runs on each backend that works on this machine (bubblewrap, unshare); a backend that
+does not work here is skipped with the probe's reason. Escape attempts: network (a TCP server of
+the test on the host's loopback, and an outside address), writing outside the throwaway dir,
+reading host files (/etc/shadow, a secret in the test's tmp dir), a fork bomb, an infinite loop,
+a memory hog, an output flood; each is contained, reported in the result, and leaves nothing
+behind on the host.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from astraflow.sandbox import BACKENDS, BwrapSandbox, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError, open_sandbox, probe
+
+LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_mb=128, max_processes=8, max_file_mb=1, max_output_bytes=4096)
+
+
+@pytest.fixture(scope="module", params=sorted(BACKENDS))
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    box = BACKENDS[request.param](LIMITS)
+    problem = probe(box)
+    if problem is not None:
+        pytest.skip(f"{request.param} does not work here: {problem}")
+    return box
+
+
+def test_runs_a_program_with_stdin_in_its_own_directory(sandbox: Sandbox) -> None:
+    result = sandbox.run_python("import os\nprint(os.getcwd(), input())\nopen('scratch', 'w').write('x')", stdin="hello\n")
+    assert result.ok and result.stdout == "/work hello\n" and result.describe() == "exit 0"
+
+
+def test_network_is_unreachable(sandbox: Sandbox) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        program = f"import socket\nfor host, port in (('127.0.0.1', {port}), ('192.0.2.1', 80)):\n    try:\n        socket.create_connection((host, port), timeout=0.5)\n        print('connected', host)\n    except OSError as exc:\n        print('blocked', host, exc.errno)\n"
+        result = sandbox.run_python(program)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing reached the host's server
+    assert result.ok and "connected" not in result.stdout and result.stdout.count("blocked") == 2
+
+
+@pytest.mark.parametrize("target", ["/usr/escape", "/escape", "/etc/escape", "HOST"])
+def test_writing_outside_the_throwaway_dir_fails(sandbox: Sandbox, tmp_path: Path, target: str) -> None:
+    host_file = tmp_path / "escape.txt"
+    path = str(host_file) if target == "HOST" else target
+    result = sandbox.run_python(f"open({path!r}, 'w').write('pwned')")
+    assert result.exit_code == 1 and ("Read-only file system" in result.stderr or "No such file or directory" in result.stderr)
+    assert not host_file.exists() and not Path(target).exists()
+
+
+@pytest.mark.parametrize("which", ["/etc/shadow", "/etc/passwd", "/root", "SECRET"])
+def test_host_files_are_not_visible(sandbox: Sandbox, tmp_path: Path, which: str) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the-secret")
+    secret.chmod(0o644)
+    path = str(secret) if which == "SECRET" else which
+    result = sandbox.run_python(f"import os\nprint(os.listdir({path!r}) if os.path.isdir({path!r}) else open({path!r}).read())")
+    assert result.exit_code == 1 and "FileNotFoundError" in result.stderr and "the-secret" not in result.stdout
+
+
+def test_processes_are_capped(sandbox: Sandbox) -> None:
+    program = "import os, time\nn = 0\nfor _ in range(50):\n    try:\n        if os.fork() == 0:\n            time.sleep(5)\n            os._exit(0)\n        n += 1\n    except OSError:\n        break\nprint(n)"
+    result = sandbox.run_python(program)
+    assert result.stdout.strip() and int(result.stdout) < LIMITS.max_processes
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize(
+    ("name", "program", "timed_out"),
+    [
+        ("fork bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", True),
+        ("sleeping children", "import os, time\nfor _ in range(2):\n    os.fork()\ntime.sleep(60)", True),
+        ("orphans left behind", "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(60)", False),
+    ],
+)
+def test_runaway_processes_are_killed_with_the_sandbox(sandbox: Sandbox, name: str, program: str, timed_out: bool) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    result = sandbox.run([sandbox.python, "-I", "main.py", marker], {"main.py": program})
+    assert result.timed_out == timed_out and ("timed out" in result.describe()) == timed_out
+    assert result.wall_ms < LIMITS.wall_seconds * 1000 + 2000
+    deadline = time.monotonic() + 5.0  # the pid namespace is torn down asynchronously
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == [], f"{name}: processes outlived the sandbox"
+
+
+def test_an_infinite_loop_hits_the_cpu_limit(sandbox: Sandbox) -> None:
+    result = sandbox.run_python("while True:\n    pass")
+    assert not result.ok and (result.describe() == "killed by SIGXCPU" or result.timed_out)
+    assert result.wall_ms < LIMITS.wall_seconds * 1000 + 2000
+
+
+def test_memory_and_output_are_bounded(sandbox: Sandbox) -> None:
+    hog = sandbox.run_python("x = bytearray(1024 ** 3)")
+    assert hog.exit_code == 1 and "MemoryError" in hog.stderr
+    flood = sandbox.run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 4096)")
+    assert not flood.ok and len(flood.stdout) <= LIMITS.max_output_bytes and flood.truncated
+
+
+def test_a_program_that_cannot_start_is_a_sandbox_error(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError, match="exec-failed"):
+        sandbox.run(["/usr/bin/no-such-interpreter", "main.py"], {"main.py": ""})
+    with pytest.raises(SandboxError, match="plain names"):
+        sandbox.run([sandbox.python, "main.py"], {"../main.py": ""})
+
+
+def test_a_broken_sandbox_is_an_error_not_a_result(sandbox: Sandbox) -> None:
+    broken = type(sandbox)(LIMITS, python="/nonexistent/python3")
+    with pytest.raises(SandboxError, match="did not run"):
+        broken.run_python("print(1)")
+
+
+def test_no_working_backend_is_refused_with_a_hint() -> None:
+    assert "cannot start" in (probe(BwrapSandbox(LIMITS, binary="/nonexistent/bwrap")) or "")
+    with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+        open_sandbox("auto", LIMITS, python="/nonexistent/python3")
+    with pytest.raises(SandboxUnavailableError, match="unknown"):
+        open_sandbox("docker", LIMITS)
+
+
+def test_open_sandbox_auto_prefers_a_working_backend() -> None:
+    if all(probe(cls(LIMITS)) for cls in BACKENDS.values()):
+        pytest.skip("no sandbox backend works here")
+    assert open_sandbox("auto", LIMITS).run_python("print(6 * 7)").stdout == "42\n"
