@@ -37,7 +37,8 @@ def test_embedded_run_learns(run_dir: Path) -> None:
     early, late = sum(rewards[:fifth]) / fifth, sum(rewards[-fifth:]) / fifth
     # the sampled reward of thousands of groups rises: the policy improved through the log
     assert late >= early + 0.05, (early, late, summary)
-    assert summary["best_accuracy"] > summary["base_accuracy"], summary
+    # held-out greedy exact match, measured by the evaluator process, is clearly above the base
+    assert summary["final_accuracy"] >= summary["base_accuracy"] + 0.15, summary
     assert (run_dir / "report.png").stat().st_size > 10_000
     assert sum(row["name"] == "eval.accuracy" for row in rows) >= 3
 
