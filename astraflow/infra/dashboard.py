@@ -1,4 +1,5 @@
-"""The live dashboard of ``astraflow run`` (rich): version, accuracy, reward, staleness, rates."""
+"""The live dashboard of ``astraflow run`` (rich): version, accuracy, reward, staleness, rates,
+and per rollout producer its region, hardware, throughput and version lag, with the scaler's decision."""
 
 from __future__ import annotations
 
@@ -43,10 +44,16 @@ class Dashboard:
             ("trainer step time", f"{m.latest.get('train.step_seconds', 0):.2f} s"),
         ]
         rows += [(f"records/s {name}", f"{rate:.0f}") for name, rate in m.rates.items()]
+        decision = m.producers.decision
+        if decision is not None:
+            rows.append(("scaler: desired producers", f"{decision.desired} ({decision.rule}: {decision.reason})"))
         for key, value in rows:
             status.add_row(key, value)
         procs = Table("component", "pid", "state", "restarts")
         for child in children:
             code = child.process.poll()
             procs.add_row(child.name, str(child.process.pid), "running" if code is None else f"exit {code}", str(child.restarts))
-        self.live.update(Group(status, procs, *m.notes), refresh=True)
+        producers = Table("producer", "region", "hardware", "trajectories", "traj/s (last 60 s)", "version lag")
+        for row in m.producers.rows():
+            producers.add_row(row.producer, row.region, row.hardware, str(row.trajectories), f"{row.recent_per_s:.1f}", f"{row.version_lag:.0f}")
+        self.live.update(Group(status, procs, producers, *m.notes), refresh=True)

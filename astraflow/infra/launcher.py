@@ -6,7 +6,9 @@ Steps:
    command-line overrides reach them all) and run ``astraflow warmup`` as a child to put the base
    checkpoint in ``run_dir/base`` (cached across runs).
 2. Create the run's topics, then start trainer, evaluator, stream processor, feeder and
-   ``rollout.producers`` rollout producers, each ``python -m astraflow.cli <component>``.
+   ``rollout.producers`` rollout producers, each ``python -m astraflow.cli <component>``; with
+   ``scaler.enabled`` also the scaler, and the producer pool (``pool.py``) follows its
+   ``scaler.desired_producers`` decisions within ``scaler.min_producers..max_producers``.
 3. Follow the metrics topic (``RunMonitor``): append every metric to ``metrics.jsonl``, show the
    dashboard, and stop on ``stop.max_minutes``, ``stop.target_accuracy``, ``stop.max_versions``
    or Ctrl-C. A component that exits on its own is restarted (at most ``MAX_RESTARTS`` times).
@@ -28,6 +30,8 @@ from astraflow.config import RunConfig, dump_config
 from astraflow.context import open_run_log
 from astraflow.errors import AstraFlowError
 from astraflow.infra.monitor import RunMonitor
+from astraflow.infra.pool import ProducerPool
+from astraflow.infra.scaler import capped
 from astraflow.topics import RunTopics
 
 logger = logging.getLogger(__name__)
@@ -94,25 +98,26 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     log = open_run_log(config, run_dir)
     topics.ensure(log, config.log.partitions)
     monitor = RunMonitor(config, run_dir, log, topics)
-    children = [Child(name, _argv(name, config_path, run_dir), run_dir) for name in ("train", "evaluate", "stream", "feed")]
-    children += [
-        Child(f"rollout-{i}", _argv("rollout", config_path, run_dir, "--region", "local"), run_dir)
-        for i in range(config.rollout.producers)
-    ]
+    names = ("train", "evaluate", "stream", "feed") + (("scale",) if config.scaler.enabled else ())
+    children = [Child(name, _argv(name, config_path, run_dir), run_dir) for name in names]
+    bounds = capped(config.scaler, config.log.partitions) if config.scaler.enabled else None
+    pool = ProducerPool(lambda name: Child(name, _argv("rollout", config_path, run_dir, "--region", "local"), run_dir), children,
+                        config.rollout.producers, bounds.min_producers if bounds else 1, bounds.max_producers if bounds else 64)
     interrupted = False
     try:
-        monitor.follow(children, dashboard=dashboard)
+        monitor.follow(children, dashboard=dashboard, on_refresh=(lambda: pool.resize(monitor.producers.desired)) if bounds else pool.reap)
     except KeyboardInterrupt:
         interrupted = True
         logger.info("interrupted; stopping the components")
     finally:
-        for child in children:
+        for child in children + pool.retiring:
             child.terminate()
         deadline = time.monotonic() + 30
-        for child in children:
+        for child in children + pool.retiring:
             child.wait(deadline)
     monitor.drain()
     summary = monitor.summary(warmup_seconds=warmup_seconds, interrupted=interrupted)
+    summary["producer_seconds"] = pool.producer_seconds()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from astraflow.consumers.report import write_report
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from astraflow.config import RunConfig
+from astraflow.consumers.producer_stats import ProducerTally
 from astraflow.errors import AstraFlowError
 from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec
@@ -41,6 +43,7 @@ class RunMonitor:
         self.version = 0
         self.notes: deque[str] = deque(maxlen=4)
         self.rates: dict[str, float] = {}
+        self.producers = ProducerTally()
         self._last_ends: tuple[float, dict[str, int]] | None = None
 
     def _consume(self, timeout: float) -> None:
@@ -53,6 +56,7 @@ class RunMonitor:
             wall = (metric.created_ms - self.started_ms) / 1000
             self.out.write(json.dumps({"component": metric.component, "name": metric.name, "value": metric.value, "step": metric.step, "wall_s": round(wall, 3), "labels": metric.labels}) + "\n")
             self.latest[metric.name] = metric.value
+            self.producers.observe(metric)
             if metric.name == "eval.accuracy":
                 self.accuracy[metric.step] = metric.value
             elif metric.name == "train.version":
@@ -81,7 +85,8 @@ class RunMonitor:
             return f"{stop.max_versions} versions trained"
         return None
 
-    def follow(self, children: list, dashboard: bool) -> None:
+    def follow(self, children: list, dashboard: bool, on_refresh: Callable[[], str | None] | None = None) -> None:
+        """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks (a note for the dashboard, or ``None``)."""
         from astraflow.infra.dashboard import Dashboard
 
         with Dashboard(self, enabled=dashboard) as view:
@@ -92,6 +97,9 @@ class RunMonitor:
                     note = child.check()
                     if note:
                         self.notes.append(note)
+                note = on_refresh() if on_refresh is not None else None
+                if note:
+                    self.notes.append(note)
                 view.refresh(children)
                 reason = self.done()
                 if reason:

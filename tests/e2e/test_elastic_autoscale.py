@@ -1,0 +1,45 @@
+"""Autoscaling locally: ``astraflow run`` with the scaler grows a starved producer pool.
+
+One producer sampling two prompts per generation cannot keep a trainer of 256-sample batches
+busy, so the trainer waits most of the time (w well above 0.10) and the scaler asks for more
+producers; ``astraflow run`` starts them. The test reads what the run left behind: the decisions
+on the metrics topic (``metrics.jsonl``), the producers' logs and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import ASTRAFLOW, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+
+def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
+    config = write_config(
+        run_dir / "test.yaml", run="autoscale",
+        rollout={"producers": 1, "prompts_per_generation": 2},
+        train={"batch_samples": 256},
+        scaler={"enabled": True, "min_producers": 1, "max_producers": 2, "window_s": 10, "interval_s": 3, "cooldown_s": 10},
+        stop={"max_minutes": 3, "target_accuracy": None},
+    )
+    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    decisions = [m for m in metrics if m["name"] == "scaler.desired_producers"]
+    assert decisions, "the scaler wrote no decision"
+    assert all(1 <= m["value"] <= 2 and m["labels"]["reason"] for m in decisions)
+    ups = [m for m in decisions if m["labels"]["rule"] == "up"]
+    assert ups and float(ups[0]["labels"]["wait_fraction"]) > 0.10
+    assert max(m["value"] for m in decisions) == 2
+    assert (run_dir / "logs" / "rollout-1.out").exists(), "the pool did not start the second producer"
+    producers = {m["labels"]["instance"] for m in metrics if m["name"] == "rollout.trajectories"}
+    assert len(producers) == 2, producers
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["producer_seconds"] < 2 * summary["wall_seconds"]
