@@ -115,6 +115,54 @@ class RolloutConfig(_Section):
     """torch intra-op threads of each producer process."""
 
 
+class VllmEngineOptions(_Section):
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    """``vllm``: fraction of the GPU's memory vLLM may take (weights + KV cache)."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """``vllm``: longest prompt + response in tokens; unset: the model's own limit."""
+
+
+class OpenAIEngineOptions(_Section):
+    base_url: str | None = None
+    """``openai``: the server's API root, e.g. ``http://127.0.0.1:8000/v1``; required for ``openai``."""
+    model: str | None = None
+    """``openai``: the served model name; unset: the first one ``/models`` lists."""
+    timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0)
+    """``openai``: timeout of one request."""
+    max_parallel: int = Field(default=16, ge=1, le=1024)
+    """``openai``: requests in flight at once (one per prompt; the ``n`` samples share it)."""
+    weight_update: Literal["none", "sglang_disk"] = "none"
+    """``openai``: how new versions reach the server: ``none`` (it serves fixed weights and the engine says so) or ``sglang_disk`` (safetensors written to ``update_dir``, loaded by SGLang's ``/update_weights_from_disk``)."""
+    update_dir: str | None = None
+    """``openai`` with ``sglang_disk``: a directory the producer writes and the server reads at the same path."""
+
+    @model_validator(mode="after")
+    def _disk_update_needs_dir(self) -> "OpenAIEngineOptions":
+        if self.weight_update == "sglang_disk" and not self.update_dir:
+            raise ValueError("update_dir is required when weight_update is 'sglang_disk'")
+        return self
+
+
+class EngineConfig(_Section):
+    """What rollout producers generate with (``astraflow.producers.engines``)."""
+
+    type: Literal["torch", "vllm", "openai"] = "torch"
+    """``torch``: transformers + our sampler, CPU or GPU; ``vllm``: vLLM in the producer process (GPU); ``openai``: any OpenAI-compatible server that returns token ids and log-probs."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """``torch``: where the model runs; ``auto``: a CUDA GPU when one is visible."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """``torch`` / ``vllm``: weight dtype; ``auto``: bfloat16 on GPUs that support it, else float16 on GPU, float32 on CPU."""
+    chat_template: bool = False
+    """Encode each prompt as one user turn of the tokenizer's chat template, when the tokenizer has one."""
+    vllm: VllmEngineOptions = VllmEngineOptions()
+    openai: OpenAIEngineOptions = OpenAIEngineOptions()
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> "EngineConfig":
+        if self.type == "openai" and not self.openai.base_url:
+            raise ValueError("openai.base_url is required when type is 'openai' (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
 class SandboxConfig(_Section):
     backend: Literal["auto", "bwrap", "unshare"] = "auto"
     """Isolation of model-generated programs: ``bwrap`` (bubblewrap), ``unshare`` (user namespaces + rlimits), ``auto`` (the first that works); none working is an error at start-up."""
@@ -258,6 +306,19 @@ class StreamConfig(_Section):
         return next((spec.ratio for spec in self.operators() if isinstance(spec, ReplaySpec)), 0.0)
 
 
+class DeepSpeedOptions(_Section):
+    zero_stage: int = Field(default=2, ge=0, le=2)
+    """ZeRO stage: 0 (plain data parallel), 1 (optimizer states sharded), 2 (and gradients)."""
+    offload_optimizer: bool = False
+    """Keep the optimizer states on the CPU and step them there (DeepSpeedCPUAdam, compiled on first use)."""
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> "DeepSpeedOptions":
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage 1 or 2")
+        return self
+
+
 class TrainConfig(_Section):
     batch_samples: int = Field(default=256, ge=1)
     """Samples (responses) per optimizer step; groups are never split across steps."""
@@ -281,6 +342,9 @@ class TrainConfig(_Section):
     """Versions between atomic checkpoints (model, optimizer, consumed offsets, version)."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the trainer process."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Optimizer backend: ``torch`` (AdamW in this process) or ``deepspeed`` (ZeRO, ``train.deepspeed``; on CPU with gloo)."""
+    deepspeed: DeepSpeedOptions = DeepSpeedOptions()
 
 
 class EvalConfig(_Section):
@@ -325,8 +389,6 @@ class ScalerConfig(_Section):
     """Seconds between two decisions written to the metrics topic."""
     cooldown_s: float = Field(default=60.0, ge=0.0, le=86400.0)
     """Seconds after a change (and after start) during which the decision holds, so new producers can show their effect."""
-    min_steps: int = Field(default=1, ge=1)
-    """Trainer steps the window must hold before the wait fraction is trusted (fewer: hold)."""
     scale_up_above: float = Field(default=0.10, gt=0.0, lt=1.0)
     """Wait fraction above which the pool grows to ⌈G / (1 − w)⌉."""
     scale_down_below: float = Field(default=0.05, ge=0.0, lt=1.0)
@@ -357,6 +419,7 @@ class RunConfig(_Section):
     task: TaskConfig = TaskConfig()
     warmup: WarmupConfig = WarmupConfig()
     rollout: RolloutConfig = RolloutConfig()
+    engine: EngineConfig = EngineConfig()
     agent: AgentConfig = AgentConfig()
     stream: StreamConfig = StreamConfig()
     train: TrainConfig = TrainConfig()

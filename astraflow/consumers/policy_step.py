@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from astraflow.consumers.backends import TrainerBackend, build_backend
 from astraflow.consumers.loss import Aggregation, ppo_clip_loss
 from astraflow.models.sampling import left_pad
 
@@ -143,17 +144,19 @@ class PolicyTrainer:
     """Holds the model and its AdamW optimizer; ``version`` counts optimizer steps taken.
 
     The lr of each step is a function of ``version`` (``lr_factor``), not of a scheduler's own
-    counter, so a trainer resumed from a checkpoint only needs its version restored.
+    counter, so a trainer resumed from a checkpoint only needs its version restored. The optimizer
+    lives in a ``TrainerBackend`` (``train.backend``: plain torch unless another one is passed).
     """
 
-    def __init__(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, version: int = 0) -> None:
+    def __init__(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, version: int = 0, backend: TrainerBackend | None = None) -> None:
         self.model = model
         self.pad_id = pad_id
         self.config = config
         self.version = version
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        self.backend = backend or build_backend(
+            "torch", model, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
         )
+        self.optimizer = self.backend.optimizer
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples`` (split into micro-batches if configured)."""
@@ -162,14 +165,14 @@ class PolicyTrainer:
         started = time.perf_counter()
         config = self.config
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.backend.zero_grad()
         size = config.micro_batch_size or len(examples)
         tokens = float(sum(int(np.sum(example.loss_mask)) for example in examples))
         denominator = tokens if config.aggregation == "token-mean" else float(len(examples))
         total_loss, weighted = 0.0, dict[str, float]()
         for start in range(0, len(examples), size):
             batch = collate(examples[start : start + size], self.pad_id, self.model.device)
-            logprobs = response_logprobs(self.model, batch, config.temperature)
+            logprobs = response_logprobs(self.backend.module, batch, config.temperature)
             loss, stats = ppo_clip_loss(
                 logprobs,
                 batch.behaviour_logprobs,
@@ -183,15 +186,12 @@ class PolicyTrainer:
                 denominator=max(denominator, 1.0),
                 max_tokens=config.max_tokens,
             )
-            loss.backward()
+            self.backend.backward(loss, last=start + size >= len(examples))
             total_loss += float(loss.detach())
             for name, value in vars(stats).items():
                 weighted[name] = weighted.get(name, 0.0) + value * stats.tokens
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
         lr = config.lr * lr_factor(self.version, config.warmup_steps, config.decay_steps, config.min_lr_ratio)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        grad_norm = self.backend.step(lr)
         self.version += 1
         return StepStats(
             version=self.version,

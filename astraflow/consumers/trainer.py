@@ -79,6 +79,7 @@ class Trainer:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         import torch
 
+        from astraflow.consumers.backends import build_backend
         from astraflow.consumers.checkpoint import CheckpointStore
         from astraflow.consumers.policy_step import PolicyStepConfig, PolicyTrainer
         from astraflow.models.base import base_checkpoint_path
@@ -100,7 +101,9 @@ class Trainer:
             eps_low=cfg.clip_low,
             eps_high=cfg.clip_high,
         )
-        self.learner = PolicyTrainer(model, self.tokenizer.pad_token_id, step_config)
+        backend = build_backend(cfg.backend, model, lr=cfg.lr, betas=step_config.betas, weight_decay=cfg.weight_decay,
+                                max_grad_norm=cfg.max_grad_norm, deepspeed=cfg.deepspeed)
+        self.learner = PolicyTrainer(model, self.tokenizer.pad_token_id, step_config, backend=backend)
         self.checkpoints = CheckpointStore(ctx.run_dir / "checkpoints" / policy)
         restored = self.checkpoints.restore(model, self.learner.optimizer)
         self.learner.version = restored.version if restored else 0

@@ -4,60 +4,48 @@ A rollout producer holds one engine per policy, asks it for ``n`` responses per 
 new weight version between two calls (never during one), so every token of one ``generate`` call
 comes from ``engine.version``. Log-probs follow ``astraflow.models.sampling``: ``log_softmax(logits
 / T)`` of each sampled token, the distribution it was drawn from; the trainer scores tokens the same
-way. Runs on CPU or GPU (wherever the model lives).
+way. Runs on CPU or GPU (wherever the model lives). The contract it implements, and the other
+engines (``vllm``, ``openai``), are in ``astraflow.producers.engines``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from astraflow.models.sampling import sample
+from astraflow.producers.engines.base import Engine, Generation
+from astraflow.producers.token_engine import TurnSample
+
+__all__ = ["Generation", "TorchEngine"]
 
 
-@dataclass
-class Generation:
-    """One sampled response to one prompt."""
-
-    prompt_ids: np.ndarray  # [P] int32
-    response_ids: np.ndarray  # [R] int32, the eos token included when finish_reason == "stop"
-    logprobs: np.ndarray  # [R] float32, log_softmax(logits / T) of each response token
-    text: str  # the response decoded without special tokens
-    finish_reason: str  # "stop" (sampled eos) or "length" (hit max_new_tokens)
-
-
-class TorchEngine:
+class TorchEngine(Engine):
     """Samples from a transformers causal LM; ``version`` is the weight version it currently holds."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int = 0, seed: int | None = None
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        version: int = 0,
+        seed: int | None = None,
+        chat_template: bool = False,
     ) -> None:
+        super().__init__(tokenizer, version, chat_template)
         self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.version = version
         self._generator = torch.Generator(device=model.device)
         if seed is not None:
             self._generator.manual_seed(seed)
         else:
             self._generator.seed()
 
-    def generate(
-        self,
-        prompts: Sequence[str],
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool = False,
-    ) -> list[list[Generation]]:
-        """``n`` responses for each prompt, in prompt order; ``greedy`` takes the argmax (T ignored)."""
-        prompt_ids = [np.asarray(ids, dtype=np.int32) for ids in self.tokenizer(list(prompts))["input_ids"]]
+    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
         batch = sample(
             self.model,
-            prompt_ids,
+            contexts,
             n=n,
             max_new_tokens=max_new_tokens,
             eos_id=self.tokenizer.eos_token_id,
@@ -66,20 +54,9 @@ class TorchEngine:
             greedy=greedy,
             generator=self._generator,
         )
-        responses = [batch.tokens[row, : batch.lengths[row]] for row in range(len(batch.lengths))]
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return [
-            [
-                Generation(
-                    prompt_ids=prompt_ids[index],
-                    response_ids=responses[row],
-                    logprobs=batch.logprobs[row, : batch.lengths[row]],
-                    text=texts[row],
-                    finish_reason="stop" if batch.stopped[row] else "length",
-                )
-                for row in range(index * n, (index + 1) * n)
-            ]
-            for index in range(len(prompt_ids))
+            TurnSample(batch.tokens[row, : batch.lengths[row]].copy(), batch.logprobs[row, : batch.lengths[row]].copy(), bool(batch.stopped[row]))
+            for row in range(len(batch.lengths))
         ]
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], version: int) -> None:

@@ -12,6 +12,19 @@ Steps of one iteration (what makes it lose nothing):
    Trajectory records keyed by group id. Trajectory ids are ``{task_id}/{sample}``: deterministic,
    so a task redone after a crash yields the same ids and the stream drops the duplicates.
 4. Flush (every trajectory acknowledged), and only then commit the task offsets.
+
+Joining and leaving (elastic rollout): a producer started late first takes in every weight
+version published before it started (``WeightFollower.wait_caught_up``; it waits as long as that
+takes, or until it is stopped) and only then joins the task group, so its first generation
+already uses the current version. A stop signal ends the loop after the current iteration: the
+batch in hand is finished, flushed and committed (step 4), then the consumer leaves the group and
+its partitions move to the remaining producers at their next poll. A commit refused because of a
+rebalance hands the batch back: the new owner redoes it and the stream drops the duplicates.
+
+Every trajectory records the producer id, its region and its hardware (``--region``,
+``--hardware``); the per-batch metrics carry the same labels, plus the cumulative counters
+``rollout.trajectories`` and ``rollout.busy_seconds`` from which ``stats``, the dashboard and
+the scaler derive per-producer throughput and busy time.
 """
 
 from __future__ import annotations
@@ -31,24 +44,25 @@ from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
 CATCH_UP_SECONDS = 60.0
+"""How long to wait for a first weight version, and between "still catching up" warnings."""
 
 
 class RolloutProducer:
     """Runs the configured workflow on tasks from the log and writes its trajectories."""
 
-    def __init__(self, ctx: ComponentContext, region: str = "local") -> None:
+    def __init__(self, ctx: ComponentContext, region: str = "local", hardware: str | None = None) -> None:
         import torch
 
         from astraflow.models.base import base_checkpoint_path
-        from astraflow.models.loading import load_policy
-        from astraflow.producers.engine import TorchEngine
+        from astraflow.producers.engines import build_engine
 
         cfg = ctx.config
         torch.set_num_threads(cfg.rollout.threads)
         self.ctx = ctx
-        self.provenance = Provenance(ctx.instance, region, f"cpu:{platform.machine()}x{cfg.rollout.threads}")
-        model, tokenizer = load_policy(base_checkpoint_path(cfg, ctx.run_dir))
-        self.engines = {cfg.policy: TorchEngine(model, tokenizer, version=0)}
+        self.provenance = Provenance(ctx.instance, region, hardware or f"cpu:{platform.machine()}x{cfg.rollout.threads}")
+        self.engines = {cfg.policy: build_engine(cfg.engine, base_checkpoint_path(cfg, ctx.run_dir))}
+        self.trajectories = {policy: 0 for policy in self.engines}
+        self.busy_seconds = 0.0
         self.workflow = build_workflow(cfg.rollout.workflow, cfg.policy, cfg.rollout.reward, cfg.rollout.max_new_tokens, cfg.rollout.temperature)
 
     def _refresh(self, policy: str, follower: WeightFollower) -> None:
@@ -64,10 +78,10 @@ class RolloutProducer:
         ctx = self.ctx
         cfg = ctx.config
         followers = {policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=True).start() for policy in self.engines}
-        for policy, follower in followers.items():
-            if not follower.wait_for(0, timeout=CATCH_UP_SECONDS):
-                logger.warning("no weight version of %s published yet; sampling with the base checkpoint as version 0", policy)
-            follower.wait_caught_up(timeout=CATCH_UP_SECONDS)
+        if not self._catch_up(followers, stop):
+            for follower in followers.values():
+                follower.close()
+            return
         consumer = ctx.log.consumer(group_id=f"{cfg.run}.rollout.{cfg.workflow}")
         consumer.subscribe([ctx.topics.tasks()])
         try:
@@ -93,6 +107,29 @@ class RolloutProducer:
             for follower in followers.values():
                 follower.close()
             consumer.close()
+        logger.info("left the rollout pool: last batch flushed and committed, %d trajectories in all", sum(self.trajectories.values()))
+
+    def _catch_up(self, followers: dict[str, WeightFollower], stop: threading.Event) -> bool:
+        """Take in every version published before this producer started; ``False`` if stopped first."""
+        for policy, follower in followers.items():
+            deadline = time.monotonic() + CATCH_UP_SECONDS
+            while not follower.wait_for(0, timeout=1.0) and time.monotonic() < deadline and not stop.is_set():
+                pass
+            if follower.latest_version < 0 and not stop.is_set():
+                logger.warning("no weight version of %s published yet; sampling with the base checkpoint as version 0", policy)
+            deadline = time.monotonic() + CATCH_UP_SECONDS
+            while not follower.wait_caught_up(timeout=1.0):
+                if stop.is_set():
+                    return False
+                if time.monotonic() < deadline:
+                    continue
+                deadline = time.monotonic() + CATCH_UP_SECONDS
+                logger.warning("still catching up on the weights of %s (at version %d of %d)", policy, follower.latest_version, follower.newest_version)
+            self._refresh(policy, follower)
+            logger.info("caught up on %s at version %d", policy, self.engines[policy].version)
+        if not stop.is_set():
+            logger.info("joining the rollout pool")
+        return not stop.is_set()
 
     def _produce(self, tasks: list[RolloutTask], followers: dict[str, WeightFollower]) -> None:
         ctx = self.ctx
@@ -107,10 +144,15 @@ class RolloutProducer:
                 rewards[trajectory.policy].append(trajectory.reward)
                 ctx.producer.send(ctx.topics.trajectories(trajectory.policy), ctx.codec.encode(trajectory), key=trajectory.group_id.encode())
         elapsed = max(time.perf_counter() - started, 1e-6)
+        self.busy_seconds += elapsed
+        where = {"region": self.provenance.region, "hardware": self.provenance.hardware}
+        ctx.metric("rollout.busy_seconds", self.busy_seconds, min(e.version for e in self.engines.values()), **where)
         for policy, values in rewards.items():
             version = self.engines[policy].version
-            labels = {"policy": policy, "region": self.provenance.region}
+            self.trajectories[policy] += len(values)
+            labels = {"policy": policy, **where}
             ctx.metric("rollout.samples_per_s", len(values) / elapsed, version, **labels)
+            ctx.metric("rollout.trajectories", self.trajectories[policy], version, **labels)
             ctx.metric("rollout.version_lag", max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
                 ctx.metric("rollout.mean_reward", float(np.mean(values)), version, **labels)

@@ -1,0 +1,41 @@
+"""Trainer backends, chosen by ``train.backend``: ``torch`` | ``deepspeed``.
+
+``build_backend`` is the only place that knows the names; DeepSpeed is imported only when chosen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from astraflow.consumers.backends.base import TrainerBackend
+
+if TYPE_CHECKING:
+    import torch
+
+    from astraflow.config import DeepSpeedOptions
+
+__all__ = ["TrainerBackend", "build_backend"]
+
+
+def build_backend(
+    name: str,
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    max_grad_norm: float,
+    deepspeed: DeepSpeedOptions | None = None,
+) -> TrainerBackend:
+    """The backend ``name`` over ``model`` with an AdamW of these settings."""
+    if name == "torch":
+        from astraflow.consumers.backends.torch_adamw import TorchBackend
+
+        return TorchBackend(model, lr, betas, weight_decay, max_grad_norm)
+    if name == "deepspeed":
+        from astraflow.config import DeepSpeedOptions
+        from astraflow.consumers.backends.deepspeed_zero import DeepSpeedBackend
+
+        options = deepspeed or DeepSpeedOptions()
+        return DeepSpeedBackend(model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer)
+    raise ValueError(f"unknown trainer backend {name!r}; choose 'torch' or 'deepspeed'")
