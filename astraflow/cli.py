@@ -20,6 +20,7 @@ ConfigArg = Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Ru
 RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory (default runs/<run name>).")]
 BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="Log backend: embedded or kafka (overrides log.backend).")]
 BootstrapOpt = Annotated[Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap servers (overrides log.bootstrap).")]
+PolicyOpt = Annotated[Optional[str], typer.Option("--policy", help="Which of the config's policies (required when it declares several).")]
 
 
 def _component(name: str, config: Path, run_dir: Optional[Path], backend: Optional[str], bootstrap: Optional[str]):
@@ -29,15 +30,25 @@ def _component(name: str, config: Path, run_dir: Optional[Path], backend: Option
     return cfg, run_dir or default_run_dir(cfg)
 
 
+def _one_policy(cfg, policy: Optional[str]):
+    """The config narrowed to one policy (``RunConfig.for_policy``): ``--policy``, or the only one."""
+    from astraflow.errors import ConfigError
+
+    if policy is None and len(cfg.policy_names()) > 1:
+        raise ConfigError(f"--policy: required, the config declares the policies {list(cfg.policy_names())}")
+    return cfg.for_policy(policy or cfg.policy_names()[0])
+
+
 @app.command()
-def warmup(config: ConfigArg, run_dir: RunDirOpt = None) -> None:
-    """Build the tiny model, supervise it to the warm-up accuracy, and cache that base checkpoint."""
+def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = None) -> None:
+    """Build the tiny model, supervise it to the warm-up accuracy, and cache that base checkpoint (of every policy, or ``--policy``)."""
     from astraflow.consumers.base_checkpoint import ensure_base_checkpoint
     from astraflow.infra.process import setup_logging
 
     cfg, directory = _component("warmup", config, run_dir, None, None)
     setup_logging("warmup", directory)
-    typer.echo(ensure_base_checkpoint(cfg, directory))
+    for name in (policy,) if policy else cfg.policy_names():
+        typer.echo(ensure_base_checkpoint(cfg.for_policy(name), directory))
 
 
 @app.command()
@@ -90,6 +101,7 @@ def stream(
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
     runtime: Annotated[str, typer.Option(help="Stream runtime: native (any log).")] = "native",
+    policy: PolicyOpt = None,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
     from astraflow.errors import ConfigError
@@ -99,26 +111,42 @@ def stream(
     if runtime != "native":
         raise ConfigError(f"--runtime: {runtime!r} is not available; use 'native'")
     cfg, directory = _component("stream", config, run_dir, backend, bootstrap)
+    cfg = _one_policy(cfg, policy)
     run_component("stream", cfg, directory, lambda ctx, stop: NativeStreamProcessor(ctx, cfg.policy).run(stop))
 
 
 @app.command()
-def train(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
+def train(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None, policy: PolicyOpt = None) -> None:
     """Trainer: train samples → optimizer steps → weight versions; checkpoints and resumes."""
     from astraflow.consumers.trainer import Trainer
     from astraflow.infra.process import run_component
 
     cfg, directory = _component("train", config, run_dir, backend, bootstrap)
+    cfg = _one_policy(cfg, policy)
     run_component("train", cfg, directory, lambda ctx, stop: Trainer(ctx, cfg.policy).run(stop))
 
 
 @app.command()
-def evaluate(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
+def evaluate(
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    backend: BackendOpt = None,
+    bootstrap: BootstrapOpt = None,
+    policy: PolicyOpt = None,
+    system: Annotated[bool, typer.Option("--system", help="Evaluate the policies together (the workflow's system accuracy) instead of one policy.")] = False,
+) -> None:
     """Evaluator: held-out greedy exact match of each new weight version → metrics topic."""
-    from astraflow.consumers.evaluator import Evaluator
     from astraflow.infra.process import run_component
 
     cfg, directory = _component("evaluate", config, run_dir, backend, bootstrap)
+    if system:
+        from astraflow.consumers.system_evaluator import SystemEvaluator
+
+        run_component("evaluate", cfg, directory, lambda ctx, stop: SystemEvaluator(ctx).run(stop))
+        return
+    from astraflow.consumers.evaluator import Evaluator
+
+    cfg = _one_policy(cfg, policy)
     run_component("evaluate", cfg, directory, lambda ctx, stop: Evaluator(ctx, cfg.policy).run(stop))
 
 
@@ -141,6 +169,38 @@ def run(
     summary = launch(cfg, directory, dashboard=dashboard)
     typer.echo(f"run directory: {directory}")
     typer.echo(f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in {summary['versions']} versions, {summary['wall_seconds']:.0f} s")
+
+
+@app.command()
+def replay(
+    config: ConfigArg,
+    source: Annotated[Path, typer.Option("--source", exists=True, help="The source run: its directory (with config.yaml), or its config.")],
+    source_backend: Annotated[Optional[str], typer.Option("--source-backend", help="The source run's log backend (overrides its log.backend).")] = None,
+    source_bootstrap: Annotated[Optional[str], typer.Option("--source-bootstrap", help="The source run's Kafka bootstrap servers.")] = None,
+    from_offset: Annotated[Optional[int], typer.Option("--from-offset", min=0, help="Copy from this offset of every partition.")] = None,
+    since: Annotated[Optional[str], typer.Option(help="Copy the records appended at or after this ISO 8601 time.")] = None,
+    until: Annotated[Optional[str], typer.Option(help="Copy the records appended before this ISO 8601 time.")] = None,
+    run_dir: RunDirOpt = None,
+    backend: BackendOpt = None,
+    bootstrap: BootstrapOpt = None,
+    max_minutes: Annotated[Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")] = None,
+    dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
+) -> None:
+    """Train a fresh base model of CONFIG from the trajectories a SOURCE run logged (finished or live; the source is only read)."""
+    from astraflow.infra.process import default_run_dir, resolve_config
+    from astraflow.infra.replay import open_source, parse_time_ms, replay as replay_run
+
+    cfg = resolve_config(config, backend, bootstrap, {"stop.max_minutes": max_minutes} if max_minutes else None)
+    span = {"from_offset": from_offset, "since_ms": parse_time_ms(since, "--since") if since else None,
+            "until_ms": parse_time_ms(until, "--until") if until else None}
+    directory = run_dir or default_run_dir(cfg)
+    with open_source(source, source_backend, source_bootstrap) as attached:
+        summary = replay_run(cfg, attached, directory, span, dashboard=dashboard)
+    section = summary["replay"]
+    typer.echo(f"run directory: {directory}")
+    typer.echo(f"replayed {section['copied']} trajectories of {section['source_topic']} ({section['stop_reason'] or 'stopped'})")
+    typer.echo(f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} (best {summary['best_accuracy']:.3f}) "
+               f"in {summary['versions']} versions, {summary['wall_seconds']:.0f} s")
 
 
 @app.command()

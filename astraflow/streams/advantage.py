@@ -14,6 +14,13 @@ advantage is broadcast to its tokens by the trainer.
   training batch. Departure: a stream processor never sees the trainer's batch, so the
   statistics are those of the last ``window`` responses (this group included), each response
   counted once rather than once per token, population std (ddof = 0).
+- Rejection-sampling SFT (RAFT, Dong et al. 2023; the filtered behaviour cloning of ReST,
+  Gulcehre et al. 2023): A_i = 1 when r_i ≥ ``min_reward``, else 0, so the trainer's policy loss
+  becomes the log-likelihood of the rewarded responses (importance-weighted against the behaviour
+  log-probs and capped like every other sample). Departure: the unrewarded responses stay in the
+  batch with advantage 0 (filters drop whole groups, never single responses), so they add nothing
+  to the gradient but count in the ``token-mean`` denominator; put ``reward_range`` before it to
+  drop groups with no rewarded response at all.
 - Reward normalisation: r ← (r − μ) / (σ + eps) with μ, σ the running mean and population std of
   every reward seen so far (Chan et al.'s parallel update, O(1) memory).
 
@@ -122,6 +129,28 @@ class ReinforcePPAdvantage:
         self._recent.extend(centred.tolist())
         recent = np.fromiter(self._recent, dtype=np.float64)  # [min(window, seen)]
         group.advantages = ((centred - recent.mean()) / (recent.std() + self.eps)).astype(np.float32)
+        return None
+
+
+def sft_advantages(rewards: np.ndarray, min_reward: float) -> np.ndarray:
+    """Rejection-sampling SFT advantages [G] float32: 1 for rewards of at least ``min_reward``, else 0."""
+    return (_checked(rewards) >= min_reward).astype(np.float32)
+
+
+@register
+class SftAdvantage:
+    """Rejection-sampling SFT: imitate the rewarded responses, ignore the others.
+
+    Reads the producers' rewards (``raw_rewards``), so a ``reward_norm`` before it changes nothing.
+    """
+
+    name = "sft"
+
+    def __init__(self, min_reward: float = 1.0) -> None:
+        self.min_reward = min_reward
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        group.advantages = sft_advantages(group.raw_rewards, self.min_reward)
         return None
 
 

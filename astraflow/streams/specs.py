@@ -112,6 +112,14 @@ class ReinforcePPSpec(_Spec):
     """Added to the window's standard deviation before dividing."""
 
 
+class SftSpec(_Spec):
+    op: Literal["sft"] = "sft"
+    """Advantage (rejection-sampling SFT): 1 for a response rewarded at least ``min_reward``, else 0."""
+    advantage: ClassVar[bool] = True
+    min_reward: float = 1.0
+    """Responses whose producer reward is at least this are imitated (advantage 1); the rest get 0."""
+
+
 class RewardNormSpec(_Spec):
     op: Literal["reward_norm"] = "reward_norm"
     """Rewrite rewards to (r − running mean) / running std; put it before the advantage."""
@@ -168,6 +176,7 @@ OperatorSpec = Annotated[
         DrGrpoSpec,
         RlooSpec,
         ReinforcePPSpec,
+        SftSpec,
         RewardNormSpec,
         ReplaySpec,
         OfflineSpec,
@@ -178,7 +187,7 @@ OperatorSpec = Annotated[
 ]
 
 ADVANTAGE_SPECS: dict[str, type[_Spec]] = {
-    spec.model_fields["op"].default: spec for spec in (GrpoSpec, DrGrpoSpec, RlooSpec, ReinforcePPSpec)
+    spec.model_fields["op"].default: spec for spec in (GrpoSpec, DrGrpoSpec, RlooSpec, ReinforcePPSpec, SftSpec)
 }
 
 

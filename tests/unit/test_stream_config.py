@@ -77,7 +77,7 @@ GRPO = {"op": "grpo"}
         (pipeline(GRPO, {"op": "response_length", "min_tokens": 9, "max_tokens": 3}), "max_tokens (3) is below min_tokens (9)"),
         (pipeline(GRPO, {"op": "reward_range"}), "stream.pipeline.1.reward_range: Value error, set low, high or both"),
         (pipeline({"op": "zero_variance"}), "stream: Value error, pipeline: needs exactly one advantage operator"),
-        (pipeline(GRPO, {"op": "rloo"}), "needs exactly one advantage operator (grpo, dr_grpo, rloo, reinforce_pp), got ['grpo', 'rloo']"),
+        (pipeline(GRPO, {"op": "rloo"}), "needs exactly one advantage operator (grpo, dr_grpo, rloo, reinforce_pp, sft), got ['grpo', 'rloo']"),
         (pipeline(GRPO, {"op": "reward_norm"}), "reward_norm must come before grpo"),
         (pipeline({"op": "edf"}, GRPO), "group operators first, then mixers, then one ordering"),
         (pipeline(GRPO, {"op": "fifo"}, {"op": "edf"}), "at most one ordering"),
