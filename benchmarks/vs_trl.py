@@ -251,15 +251,18 @@ def trl_child(spec: dict) -> dict:
         max_completion_length=spec["max_new_tokens"],
         temperature=spec["temperature"],
         learning_rate=spec["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        # AstraFlow's schedule (train.lr_warmup_versions, lr_decay_versions, min_lr_ratio): linear
+        # warm-up, then cosine to the floor over decay steps (max_steps ends it; the clock stops first)
+        lr_scheduler_type="cosine_with_min_lr" if spec["decay_steps"] else "constant_with_warmup",
+        lr_scheduler_kwargs={"min_lr_rate": spec["min_lr_ratio"]} if spec["decay_steps"] else None,
+        warmup_steps=spec["warmup_steps"],
         adam_beta1=spec["betas"][0],
         adam_beta2=spec["betas"][1],
         weight_decay=spec["weight_decay"],
         max_grad_norm=spec["max_grad_norm"],
         epsilon=spec["clip_low"],
         epsilon_high=spec["clip_high"],
-        max_steps=1_000_000,
+        max_steps=spec["warmup_steps"] + spec["decay_steps"] if spec["decay_steps"] else 1_000_000,
         logging_steps=10,
         report_to=[],
         save_strategy="no",
@@ -483,7 +486,8 @@ def main() -> None:
     from astraflow.consumers.policy_step import PolicyStepConfig
 
     trl_spec = {**shared, "max_seconds": args.max_seconds, "stop_at": args.stop_at, "eval_every": args.trl_eval_every,
-                "betas": list(PolicyStepConfig.betas), "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
+                "betas": list(PolicyStepConfig.betas), "weight_decay": t.weight_decay,
+                "warmup_steps": t.lr_warmup_versions, "decay_steps": t.lr_decay_versions, "min_lr_ratio": t.min_lr_ratio, "max_grad_norm": t.max_grad_norm,
                 "clip_low": t.clip_low, "clip_high": t.clip_high, "output_dir": str(args.work / "trl"),
                 "reported_fields": ["use_cpu", "bf16", "gradient_checkpointing", "use_vllm", "beta", "num_generations",
                                     "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
