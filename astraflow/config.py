@@ -97,8 +97,8 @@ class WarmupConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    workflow: Literal["single_turn", "search", "code", "rooms", "http_env"] = "single_turn"
-    """Episode logic run by the producers: ``single_turn`` samples one answer per prompt and scores it; the multi-turn ones (limits in ``agent``) are ``search`` (BM25 search tool), ``code`` (programs run in the sandbox), ``rooms`` (the bundled room-navigation game) and ``http_env`` (an environment served at ``agent.env_url``)."""
+    workflow: Literal["single_turn", "search", "code", "rooms", "http_env", "solver_verifier"] = "single_turn"
+    """Episode logic run by the producers: ``single_turn`` samples one answer per prompt and scores it; the multi-turn ones (limits in ``agent``) are ``search`` (BM25 search tool), ``code`` (programs run in the sandbox), ``rooms`` (the bundled room-navigation game) and ``http_env`` (an environment served at ``agent.env_url``); ``solver_verifier`` involves two ``policies``: one with ``role: answer`` answers, one with ``role: judge`` judges each answer."""
     reward: Literal["exact_match", "tests_passed", "env"] = "exact_match"
     """Reward of the workflow: ``exact_match`` (1 for the reference answer; ``single_turn``, ``search``), ``tests_passed`` (fraction of tests passed; ``code``), ``env`` (what the environment reports; ``rooms``, ``http_env``)."""
     producers: int = Field(default=1, ge=1, le=64)
@@ -113,6 +113,8 @@ class RolloutConfig(_Section):
     """Sampling temperature."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of each producer process."""
+    system_samples: int = Field(default=4, ge=1, le=64)
+    """Multi-policy workflows: answers the evaluator samples per held-out prompt for the system accuracy (the judge keeps the first it accepts)."""
 
 
 class VllmEngineOptions(_Section):
@@ -405,13 +407,76 @@ class ScalerConfig(_Section):
         return self
 
 
+Role = Literal["answer", "judge"]
+
+
+class PolicyRolloutConfig(_Section):
+    """The per-policy part of ``rollout``; an unset field inherits the top-level one."""
+
+    group_size: int | None = Field(default=None, ge=1, le=1024)
+    """Samples of this policy per group (the judge: judgements per answer)."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Longest response of this policy in tokens."""
+    temperature: float | None = Field(default=None, gt=0.0, le=10.0)
+    """Sampling temperature of this policy."""
+
+
+class PolicyConfig(_Section):
+    """One policy of a multi-policy run: overrides of the top-level sections (only the fields written here)."""
+
+    role: Role | None = None
+    """What the policy produces; unset: the top-level ``role``."""
+    model: ModelConfig | None = None
+    """Overrides of ``model`` (each policy has its own weights and base checkpoint)."""
+    warmup: WarmupConfig | None = None
+    """Overrides of ``warmup``."""
+    train: TrainConfig | None = None
+    """Overrides of ``train`` (optimizer, batch size, learning rate of this policy's trainer)."""
+    stream: StreamConfig | None = None
+    """Overrides of ``stream`` (this policy's pipeline and staleness bound)."""
+    rollout: PolicyRolloutConfig | None = None
+    """Overrides of ``rollout.group_size``, ``max_new_tokens`` and ``temperature``."""
+
+    @model_serializer(mode="wrap")
+    def _only_written(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """The saved config keeps only the fields written, so it loads again with the same inheritance."""
+        data = handler(self)
+        written = {}
+        for name in self.model_fields_set:
+            value = getattr(self, name)
+            written[name] = {k: v for k, v in data[name].items() if k in value.model_fields_set} if isinstance(value, BaseModel) else data[name]
+        return written
+
+
+def _merged(base: BaseModel, override: BaseModel | None, where: str) -> BaseModel:
+    """``base`` with the fields written in ``override`` (re-validated, so cross-field checks see the result)."""
+    if override is None:
+        return base
+    data = {name: getattr(base, name) for name in base.model_fields_set}
+    data.update({name: getattr(override, name) for name in override.model_fields_set})
+    try:
+        return type(base).model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{where}: {exc.errors()[0]['msg']}") from exc
+
+
 class RunConfig(_Section):
-    """One AstraFlow run: what every component of it reads."""
+    """One AstraFlow run: what every component of it reads.
+
+    With ``policies`` the run trains several policies at once: each gets its own base checkpoint,
+    topics, stream processor, trainer and evaluator, configured by ``for_policy(name)``.
+    """
 
     run: str = Field(default="main", pattern=r"^[A-Za-z0-9_-]+$")
     """Run name, the prefix of every topic (``{run}.{kind}.{name}``)."""
     policy: str = Field(default="main", pattern=r"^[A-Za-z0-9_-]+$")
-    """Name of the trained policy."""
+    """Name of the trained policy (with ``policies``: the policy this config was narrowed to by ``for_policy``)."""
+    role: Role = "answer"
+    """What the policy produces: ``answer`` (the task's answer) or ``judge`` (``1``/``0`` for ``<prompt><answer>?``: is the answer right). Picks its warm-up data and held-out evaluation."""
+    mode: Literal["async", "lockstep"] = "async"
+    """``async``: rollout runs ahead of training within each policy's ``stream.max_staleness``; ``lockstep``: on-policy, max_staleness 0 everywhere, and the feeder releases the next batch only once every trainer published the version trained on the previous one."""
+    policies: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")], PolicyConfig] | None = None
+    """Several policies trained together: name → overrides of ``role``, ``model``, ``warmup``, ``train``, ``stream`` and ``rollout`` (group_size, max_new_tokens, temperature); unset: the single ``policy``."""
     workflow: str = Field(default="math", pattern=r"^[A-Za-z0-9_-]+$")
     """Name of the rollout workflow."""
     log: LogConfig = LogConfig()
@@ -427,6 +492,47 @@ class RunConfig(_Section):
     weights: WeightsConfig = WeightsConfig()
     stop: StopConfig = StopConfig()
     scaler: ScalerConfig = ScalerConfig()
+
+    @model_validator(mode="after")
+    def _policies_are_runnable(self) -> "RunConfig":
+        if self.policies is not None and not self.policies:
+            raise ValueError("policies: declare at least one policy, or leave it out for the single `policy`")
+        for name in self.policy_names():
+            override = (self.policies or {}).get(name)
+            stream, where = (override.stream, f"policies.{name}.stream") if override and override.stream else (self.stream, "stream")
+            if self.mode == "lockstep" and "max_staleness" in stream.model_fields_set and stream.max_staleness:
+                raise ValueError(f"{where}.max_staleness: must be 0 (or unset) in mode 'lockstep'")
+            self.for_policy(name)
+        if self.rollout.workflow == "solver_verifier":
+            roles = sorted(self.for_policy(name).role for name in self.policy_names())
+            if roles != ["answer", "judge"]:
+                raise ValueError(f"policies: workflow 'solver_verifier' needs one policy with role 'answer' and one with role 'judge', got roles {roles}")
+        return self
+
+    def policy_names(self) -> tuple[str, ...]:
+        """The trained policies, in declaration order."""
+        return tuple(self.policies) if self.policies else (self.policy,)
+
+    def for_policy(self, name: str) -> "RunConfig":
+        """The config as one policy's components read it: ``policy`` = ``name`` and its sections merged."""
+        if name not in self.policy_names():
+            raise ConfigError(f"policy: {name!r} is not one of the run's policies {list(self.policy_names())}")
+        override = (self.policies or {}).get(name) or PolicyConfig()
+        where = f"policies.{name}"
+        stream = _merged(self.stream, override.stream, f"{where}.stream")
+        if self.mode == "lockstep":
+            stream = stream.model_copy(update={"max_staleness": 0})
+        rollout_override = override.rollout or PolicyRolloutConfig()
+        rollout = self.rollout.model_copy(update={k: v for k in rollout_override.model_fields_set if (v := getattr(rollout_override, k)) is not None})
+        return self.model_copy(update={
+            "policy": name,
+            "role": override.role or self.role,
+            "model": _merged(self.model, override.model, f"{where}.model"),
+            "warmup": _merged(self.warmup, override.warmup, f"{where}.warmup"),
+            "train": _merged(self.train, override.train, f"{where}.train"),
+            "stream": stream,
+            "rollout": rollout,
+        })
 
 
 def load_config(path: str | Path, overrides: dict[str, object] | None = None) -> RunConfig:

@@ -46,7 +46,7 @@ class ComponentContext:
         self.log = open_run_log(config, run_dir)
         self.schemas = LogSchemaStore(self.log)
         self.codec = Codec(self.schemas)
-        self.topics = RunTopics(config.run, config.workflow, (config.policy,))
+        self.topics = RunTopics(config.run, config.workflow, config.policy_names())
         self.topics.ensure(self.log, config.log.partitions)
         self.producer: Producer = self.log.producer()
         self.dead_letters = 0

@@ -4,8 +4,9 @@ With ``model.path`` set, that checkpoint is the base and nothing is trained. Oth
 model is built from the ``model`` section, supervised on the task's train split until held-out
 greedy exact match reaches ``warmup.target_accuracy`` (``supervised_warmup``), and saved with
 ``save_pretrained``. The result is cached under ``$ASTRAFLOW_CACHE`` (default
-``~/.cache/astraflow``) by a hash of the model, task and warm-up sections, and copied into
-``{run_dir}/base`` where every component loads it.
+``~/.cache/astraflow``) by a hash of the model, task and warm-up sections and the policy's role,
+and copied into ``{run_dir}/base`` (``{run_dir}/base/{policy}`` with ``policies``) where every
+component loads it. A multi-policy run warms each policy up on its own data (``load_policy_split``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def cache_root() -> Path:
 
 def _cache_key(config: RunConfig) -> str:
     sections = {name: getattr(config, name).model_dump(mode="json") for name in ("model", "task", "warmup")}
+    if config.role != "answer":  # keys of single-role runs stay what they were, so their caches stay valid
+        sections["role"] = {"role": config.role, "max_new_tokens": config.rollout.max_new_tokens}
     return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -38,7 +41,7 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
     from astraflow.consumers.warmup import supervised_warmup
     from astraflow.models.loading import save_policy
     from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-    from astraflow.tasks.datasets import load_task_split
+    from astraflow.tasks.datasets import load_policy_split
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     m, w = config.model, config.warmup
@@ -47,8 +50,8 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
     result = supervised_warmup(
         model,
         tokenizer,
-        load_task_split(config.task, run_dir, "train"),
-        load_task_split(config.task, run_dir, "heldout"),
+        load_policy_split(config, run_dir, "train", targets=True),
+        load_policy_split(config, run_dir, "heldout", targets=True),
         target_em=w.target_accuracy,
         max_steps=w.max_steps,
         batch_size=w.batch_size,
@@ -65,6 +68,7 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
 def ensure_base_checkpoint(config: RunConfig, run_dir: Path) -> Path:
     """The run's base checkpoint directory, warming a tiny model up first when needed."""
     target = base_checkpoint_dir(config, run_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
     if config.model.path or (target / "config.json").is_file():
         return target
     cached = cache_root() / "base" / _cache_key(config)

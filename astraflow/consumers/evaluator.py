@@ -1,5 +1,7 @@
 """Evaluator consumer: held-out greedy exact match of each new weight version → metrics topic.
 
+A ``role: judge`` policy is scored by its verdicts instead (``judge_reward`` on judging rows).
+
 It follows the weights topic like a rollout producer does (its own follower, no group), so it can
 attach to a run at any time. When training outruns evaluation, the newest version wins: versions
 in between are skipped, never queued, and ``eval.every_versions`` thins the evaluations further.
@@ -27,13 +29,13 @@ class Evaluator:
 
         from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
-        from astraflow.tasks.datasets import load_task_split
+        from astraflow.tasks.datasets import load_policy_split
 
         torch.set_num_threads(ctx.config.eval.threads)
         self.ctx = ctx
         self.policy = policy
         self.model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
-        self.heldout = load_task_split(ctx.config.task, ctx.run_dir, "heldout")
+        self.heldout = load_policy_split(ctx.config, ctx.run_dir, "heldout")
         self.last_evaluated = -1
 
     def due(self, version: int) -> bool:
@@ -45,7 +47,10 @@ class Evaluator:
 
         started = time.perf_counter()
         self.model.load_state_dict(state)
-        accuracy = evaluate_exact_match(self.model, self.tokenizer, self.heldout, max_new_tokens=self.ctx.config.rollout.max_new_tokens)
+        from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
+
+        reward = judge_reward if self.ctx.config.role == "judge" else exact_match_reward
+        accuracy = evaluate_exact_match(self.model, self.tokenizer, self.heldout, max_new_tokens=self.ctx.config.rollout.max_new_tokens, reward=reward)
         self.last_evaluated = version
         self.ctx.metric("eval.accuracy", accuracy, version, policy=self.policy)
         self.ctx.metric("eval.seconds", time.perf_counter() - started, version, policy=self.policy)

@@ -6,7 +6,9 @@ Steps:
    command-line overrides reach them all) and run ``astraflow warmup`` as a child to put the base
    checkpoint in ``run_dir/base`` (cached across runs).
 2. Create the run's topics, then start trainer, evaluator, stream processor, feeder and
-   ``rollout.producers`` rollout producers, each ``python -m astraflow.cli <component>``; with
+   ``rollout.producers`` rollout producers, each ``python -m astraflow.cli <component>`` (``plan``:
+   with ``policies``, a trainer, stream processor and evaluator per policy, ``--policy NAME``,
+   and for a multi-policy workflow a system evaluator ``evaluate --system``); with
    ``scaler.enabled`` also the scaler, and the producer pool (``pool.py``) follows its
    ``scaler.desired_producers`` decisions within ``scaler.min_producers..max_producers``.
 3. Follow the metrics topic (``RunMonitor``): append every metric to ``metrics.jsonl``, show the
@@ -83,6 +85,20 @@ def _argv(component: str, config_path: Path, run_dir: Path, *extra: str) -> list
     return [sys.executable, "-m", "astraflow.cli", component, str(config_path), "--run-dir", str(run_dir), *extra]
 
 
+def plan(config: RunConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """The long-running components of a run, as (child name, (command, *options)), producers aside."""
+    if not config.policies:
+        components = [(name, (name,)) for name in ("train", "evaluate", "stream")]
+    else:
+        components = [(f"{name}-{policy}", (name, "--policy", policy)) for policy in config.policy_names() for name in ("train", "stream", "evaluate")]
+        if len(config.policies) > 1 and config.rollout.workflow == "solver_verifier":
+            components.append(("evaluate-system", ("evaluate", "--system")))
+    components.append(("feed", ("feed",)))
+    if config.scaler.enabled:
+        components.append(("scale", ("scale",)))
+    return components
+
+
 def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     """Run the whole system until a stop condition; return the summary written to summary.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,12 +110,11 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
         raise AstraFlowError(f"warm-up failed with exit code {warm.returncode}; see {run_dir / 'logs'}")
     warmup_seconds = time.monotonic() - started
 
-    topics = RunTopics(config.run, config.workflow, (config.policy,))
+    topics = RunTopics(config.run, config.workflow, config.policy_names())
     log = open_run_log(config, run_dir)
     topics.ensure(log, config.log.partitions)
     monitor = RunMonitor(config, run_dir, log, topics)
-    names = ("train", "evaluate", "stream", "feed") + (("scale",) if config.scaler.enabled else ())
-    children = [Child(name, _argv(name, config_path, run_dir), run_dir) for name in names]
+    children = [Child(name, _argv(command, config_path, run_dir, *options), run_dir) for name, (command, *options) in plan(config)]
     bounds = capped(config.scaler, config.log.partitions) if config.scaler.enabled else None
     pool = ProducerPool(lambda name: Child(name, _argv("rollout", config_path, run_dir, "--region", "local"), run_dir), children,
                         config.rollout.producers, bounds.min_producers if bounds else 1, bounds.max_producers if bounds else 64)

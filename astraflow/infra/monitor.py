@@ -2,6 +2,11 @@
 
 It is an analysis consumer like any other (no group, nothing committed), so it never slows the
 components. Records/s per topic comes from the topics' end offsets, sampled each refresh.
+
+With several policies, accuracy and version are kept per policy (the ``policy`` label of
+``eval.accuracy`` and ``train.version``); the run's headline accuracy and ``stop`` conditions
+follow the first policy declared, ``stop.max_versions`` the slowest trainer. The system
+evaluator's ``eval.system.*`` metrics are kept per version pair (their ``versions`` label).
 """
 
 from __future__ import annotations
@@ -37,7 +42,11 @@ class RunMonitor:
         self.consumer = log.consumer(group_id=None)
         self.consumer.assign([TopicPartition(topics.metrics(), 0)])
         self.consumer.seek_to_beginning()
-        self.accuracy: dict[int, float] = {}
+        self.policies = config.policy_names()
+        self.policy_accuracy: dict[str, dict[int, float]] = {policy: {} for policy in self.policies}
+        self.accuracy = self.policy_accuracy[self.policies[0]]
+        self.policy_versions: dict[str, int] = {policy: 0 for policy in self.policies}
+        self.system: dict[str, dict[str, float]] = {}
         self.latest: dict[str, float] = {}
         self.rewards: deque[float] = deque(maxlen=200)
         self.version = 0
@@ -57,16 +66,20 @@ class RunMonitor:
             self.out.write(json.dumps({"component": metric.component, "name": metric.name, "value": metric.value, "step": metric.step, "wall_s": round(wall, 3), "labels": metric.labels}) + "\n")
             self.latest[metric.name] = metric.value
             self.producers.observe(metric)
-            if metric.name == "eval.accuracy":
-                self.accuracy[metric.step] = metric.value
-            elif metric.name == "train.version":
-                self.version = max(self.version, int(metric.value))
+            policy = metric.labels.get("policy", self.policies[0])
+            if metric.name == "eval.accuracy" and policy in self.policy_accuracy:
+                self.policy_accuracy[policy][metric.step] = metric.value
+            elif metric.name == "train.version" and policy in self.policy_versions:
+                self.policy_versions[policy] = max(self.policy_versions[policy], int(metric.value))
+                self.version = min(self.policy_versions.values())
+            elif metric.name.startswith("eval.system."):
+                self.system.setdefault(metric.labels.get("versions", str(metric.step)), {})[metric.name.removeprefix("eval.system.")] = metric.value
             elif metric.name == "stream.group_reward":
                 self.rewards.append(metric.value)
         self.out.flush()
 
     def _sample_rates(self) -> None:
-        names = [self.topics.tasks(), self.topics.trajectories(self.config.policy), self.topics.samples(self.config.policy)]
+        names = [self.topics.tasks()] + [topic(policy) for policy in self.policies for topic in (self.topics.trajectories, self.topics.samples)]
         ends = {name: sum(self.log.end_offsets(name).values()) for name in names}
         now = time.monotonic()
         if self._last_ends is not None:
@@ -118,8 +131,8 @@ class RunMonitor:
 
     def summary(self, warmup_seconds: float, interrupted: bool) -> dict:
         versions = sorted(self.accuracy)
-        trajectories = sum(self.log.end_offsets(self.topics.trajectories(self.config.policy)).values())
-        return {
+        trajectories = sum(sum(self.log.end_offsets(self.topics.trajectories(policy)).values()) for policy in self.policies)
+        summary = {
             "run": self.config.run,
             "backend": self.config.log.backend,
             "base_accuracy": self.accuracy.get(0, float("nan")),
@@ -131,4 +144,21 @@ class RunMonitor:
             "wall_seconds": time.monotonic() - self.started,
             "warmup_seconds": warmup_seconds,
             "interrupted": interrupted,
+        }
+        if self.config.policies:
+            summary["policies"] = {policy: self._policy_summary(policy) for policy in self.policies}
+        if self.system:
+            pairs = list(self.system)
+            summary["system_accuracy"] = {"base": self.system[pairs[0]], "final": self.system[pairs[-1]], "by_versions": self.system}
+        return summary
+
+    def _policy_summary(self, policy: str) -> dict:
+        accuracy = self.policy_accuracy[policy]
+        versions = sorted(accuracy)
+        return {
+            "base_accuracy": accuracy.get(0, float("nan")),
+            "final_accuracy": accuracy[versions[-1]] if versions else float("nan"),
+            "best_accuracy": max(accuracy.values()) if versions else float("nan"),
+            "accuracy_by_version": {str(v): accuracy[v] for v in versions},
+            "versions": self.policy_versions[policy],
         }

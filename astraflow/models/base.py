@@ -1,4 +1,5 @@
-"""Where a run's base checkpoint lives: ``model.path`` when given, else ``{run_dir}/base``.
+"""Where a run's base checkpoint lives: ``model.path`` when given, else ``{run_dir}/base``
+(``{run_dir}/base/{policy}`` for each policy of a run with ``policies``).
 
 ``astraflow warmup`` (or the first stage of ``astraflow run``) writes ``{run_dir}/base``; every
 component loads the policy from the path this module returns, with the same code for a tiny
@@ -14,7 +15,10 @@ from astraflow.errors import ConfigError
 
 
 def base_checkpoint_dir(config: RunConfig, run_dir: Path) -> Path:
-    return Path(config.model.path) if config.model.path else run_dir / "base"
+    """Of ``config.policy``: pass the config narrowed by ``RunConfig.for_policy``."""
+    if config.model.path:
+        return Path(config.model.path)
+    return run_dir / "base" / config.policy if config.policies else run_dir / "base"
 
 
 def base_checkpoint_path(config: RunConfig, run_dir: Path) -> Path:

@@ -6,7 +6,7 @@ and the evaluator both use it without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -21,8 +21,9 @@ def evaluate_exact_match(
     *,
     max_new_tokens: int = 4,
     batch_size: int = 1024,
+    reward: Callable[[str, str], float] = exact_match_reward,
 ) -> float:
-    """Fraction of ``problems`` whose greedy response matches the answer exactly."""
+    """Mean ``reward(greedy response, answer)`` over ``problems``: by default the fraction that match exactly."""
     was_training = model.training
     model.eval()
     correct = 0.0
@@ -39,6 +40,6 @@ def evaluate_exact_match(
         texts = tokenizer.batch_decode(
             [batch.tokens[row, : batch.lengths[row]] for row in range(len(chunk))], skip_special_tokens=True
         )
-        correct += sum(exact_match_reward(text, problem.answer) for text, problem in zip(texts, chunk, strict=True))
+        correct += sum(reward(text, problem.answer) for text, problem in zip(texts, chunk, strict=True))
     model.train(was_training)
     return correct / len(problems)

@@ -7,6 +7,13 @@ feedback topic with ``accepted = false``), because a dropped group never reaches
 would otherwise stall the run. With a replay ratio ρ in the stream pipeline only (1 − ρ) of each
 batch is fresh, so B counts the fresh groups. The feeder learns V from the weights topic's manifests.
 
+With several policies the bound is computed per policy p, in tasks: one task yields g_p groups of
+p (``Workflow.groups_per_task``), so B_p = ⌈groups per batch of p / g_p⌉ tasks and p's dropped
+groups give back ⌈dropped_p / g_p⌉ tasks; the feeder submits up to the smallest bound, i.e. it
+follows the slowest trainer. In ``mode: lockstep`` every max_staleness is 0, so the next batch is
+released only once every trainer published the version trained on the previous one; each task
+then records those versions (``version.<policy>`` in its metadata) for the producers to wait for.
+
 The n-th candidate task is a pure function of n and the seed, and its task id is deterministic
 (``{prompt_id}@{epoch}``). The curator (``stream.curator``, fed by the PromptStats on the feedback
 topic) may skip a candidate; each submitted task records its candidate index n in its metadata
@@ -20,11 +27,14 @@ import logging
 import math
 import random
 import threading
+from collections import Counter
+from dataclasses import dataclass
 
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.log import TopicPartition
 from astraflow.producers.curators import Curator, build_curator
+from astraflow.producers.workflows import build_run_workflow
 from astraflow.schemas.records import PromptStats, RolloutTask
 from astraflow.tasks.arithmetic import Problem
 from astraflow.weights.follow import WeightFollower
@@ -32,25 +42,52 @@ from astraflow.weights.follow import WeightFollower
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PolicyBudget:
+    """One policy's part of the back-pressure bound, in tasks."""
+
+    max_staleness: int
+    tasks_per_batch: int
+    groups_per_task: int
+
+    def capacity(self, version: int, dropped_groups: int) -> int:
+        """Tasks that may have been submitted in total at this policy's trainer version ``version``."""
+        returned = -(-dropped_groups // self.groups_per_task)
+        return (self.max_staleness + max(version, 0) + 1) * self.tasks_per_batch + returned
+
+
+def policy_budgets(config) -> dict[str, PolicyBudget]:
+    """The budget of every policy of the run's workflow (``RunConfig``)."""
+    workflow = build_run_workflow(config)
+    budgets = {}
+    for policy in workflow.policies:
+        cfg = config.for_policy(policy)
+        fresh_samples = cfg.train.batch_samples * (1.0 - cfg.stream.replay_ratio)
+        groups_per_batch = max(1, math.ceil(fresh_samples / cfg.rollout.group_size))
+        per_task = workflow.groups_per_task(policy)
+        budgets[policy] = PolicyBudget(cfg.stream.max_staleness, math.ceil(groups_per_batch / per_task), per_task)
+    return budgets
+
+
 class FeedbackReader:
-    """Reads the feedback topic from the start: counts dropped groups and feeds the curator."""
+    """Reads the feedback topic from the start: counts dropped groups per policy and feeds the curator."""
 
     def __init__(self, ctx: ComponentContext, curator: Curator) -> None:
-        self.dropped = 0
+        self.dropped: Counter[str] = Counter()
         self.curator = curator
         self._codec = ctx.codec
         self._consumer = ctx.log.consumer(group_id=None)
         self._consumer.assign([TopicPartition(ctx.topics.feedback(), 0)])
         self._consumer.seek_to_beginning()
 
-    def update(self) -> int:
+    def update(self) -> Counter[str]:
         for message in self._consumer.poll(max_records=1000, timeout=0.0):
             try:
                 stats = self._codec.decode(message.value, expect=PromptStats)
             except AstraFlowError as exc:
                 logger.error("undecodable feedback record at offset %d: %s", message.offset, exc)
                 continue
-            self.dropped += not stats.accepted
+            self.dropped[stats.policy] += not stats.accepted
             self.curator.observe(stats)
         return self.dropped
 
@@ -68,8 +105,7 @@ class TaskFeeder:
         self.rows = rows
         self.seed = seed
         cfg = ctx.config
-        fresh_samples = cfg.train.batch_samples * (1.0 - cfg.stream.replay_ratio)
-        self.groups_per_batch = max(1, math.ceil(fresh_samples / cfg.rollout.group_size))
+        self.budgets = policy_budgets(cfg)
         self.curator = build_curator(cfg.stream.curator)
         self.submitted = sum(ctx.log.end_offsets(ctx.topics.tasks()).values())
         self.cursor = self._resume_cursor()
@@ -105,7 +141,7 @@ class TaskFeeder:
             consumer.close()
         raise AstraFlowError(f"could not read the newest task of {topic} partitions {sorted(ends)} to resume")
 
-    def task(self, n: int, version: int) -> RolloutTask:
+    def task(self, n: int, versions: dict[str, int]) -> RolloutTask:
         """The n-th task of the run (deterministic in n and the seed)."""
         epoch, index = divmod(n, len(self.rows))
         if epoch not in self._orders:
@@ -115,6 +151,9 @@ class TaskFeeder:
         row = self.rows[self._orders[epoch][index]]
         task_id = f"{row.prompt_id}@{epoch}"
         cfg = self.ctx.config
+        metadata = {"cursor": str(n)}
+        if cfg.mode == "lockstep":
+            metadata.update({f"version.{policy}": str(max(v, 0)) for policy, v in versions.items()})
         return RolloutTask(
             task_id=task_id,
             prompt_id=row.prompt_id,
@@ -123,26 +162,27 @@ class TaskFeeder:
             prompt=row.prompt,
             reference=row.answer,
             group_size=cfg.rollout.group_size,
-            submitted_version=version,
+            submitted_version=max(min(versions.values()), 0),
             created_ms=now_ms(),
-            metadata={"cursor": str(n)},
+            metadata=metadata,
         )
 
-    def capacity(self, version: int, dropped: int) -> int:
-        """Groups that may have been submitted in total at trainer version ``version``."""
-        return (self.ctx.config.stream.max_staleness + max(version, 0) + 1) * self.groups_per_batch + dropped
+    def capacity(self, versions: dict[str, int], dropped: Counter[str]) -> int:
+        """Tasks that may have been submitted in total at these trainer versions: the slowest policy's bound."""
+        return min(budget.capacity(versions[policy], dropped[policy]) for policy, budget in self.budgets.items())
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
-        follower = WeightFollower(ctx.log, ctx.topics.weights(ctx.config.policy), payload=False).start()
+        followers = {policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=False).start() for policy in self.budgets}
         feedback = FeedbackReader(ctx, self.curator)
         try:
             while not stop.is_set():
-                version = follower.latest_version
-                allowed = self.capacity(version, feedback.update())
+                versions = {policy: follower.latest_version for policy, follower in followers.items()}
+                version = min(versions.values())
+                allowed = self.capacity(versions, feedback.update())
                 sent = passed_over = 0
                 while self.submitted < allowed and passed_over < len(self.rows):
-                    task = self.task(self.cursor, version)
+                    task = self.task(self.cursor, versions)
                     self.cursor += 1
                     if not self.curator.admit(task.prompt_id):
                         self.skipped += 1
@@ -161,7 +201,11 @@ class TaskFeeder:
                     ctx.metric("feeder.skipped", self.skipped, max(version, 0), curator=self.curator.name)
                     ctx.producer.flush()
                     logger.info("submitted %d tasks (total %d, version %d)", sent, self.submitted, version)
-                follower.wait_for(version + 1, timeout=0.5)
+                slowest = min(followers, key=lambda policy: versions[policy])
+                # wake for a new version, or soon after for dropped groups to replace: with a small
+                # staleness budget every refill round trip is on the trainer's critical path
+                followers[slowest].wait_for(versions[slowest] + 1, timeout=0.05)
         finally:
-            follower.close()
+            for follower in followers.values():
+                follower.close()
             feedback.close()

@@ -13,6 +13,10 @@ Steps of one iteration (what makes it lose nothing):
    so a task redone after a crash yields the same ids and the stream drops the duplicates.
 4. Flush (every trajectory acknowledged), and only then commit the task offsets.
 
+The producer holds one engine and one ``WeightFollower`` per policy the workflow involves, and
+sends each trajectory to its own policy's topic. In ``mode: lockstep`` it waits, before step 3,
+until each engine holds the version its tasks were released at.
+
 Joining and leaving (elastic rollout): a producer started late first takes in every weight
 version published before it started (``WeightFollower.wait_caught_up``; it waits as long as that
 takes, or until it is stopped) and only then joins the task group, so its first generation
@@ -38,7 +42,7 @@ import numpy as np
 
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError, LogError
-from astraflow.producers.workflows import Provenance, build_workflow
+from astraflow.producers.workflows import Provenance, build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.weights.follow import WeightFollower
 
@@ -60,10 +64,10 @@ class RolloutProducer:
         torch.set_num_threads(cfg.rollout.threads)
         self.ctx = ctx
         self.provenance = Provenance(ctx.instance, region, hardware or f"cpu:{platform.machine()}x{cfg.rollout.threads}")
-        self.engines = {cfg.policy: build_engine(cfg.engine, base_checkpoint_path(cfg, ctx.run_dir))}
+        self.workflow = build_run_workflow(cfg, ctx.run_dir / "data")
+        self.engines = {policy: build_engine(cfg.engine, base_checkpoint_path(cfg.for_policy(policy), ctx.run_dir)) for policy in self.workflow.policies}
         self.trajectories = {policy: 0 for policy in self.engines}
         self.busy_seconds = 0.0
-        self.workflow = build_workflow(cfg.rollout.workflow, cfg.policy, cfg.rollout.reward, cfg.rollout.max_new_tokens, cfg.rollout.temperature)
 
     def _refresh(self, policy: str, follower: WeightFollower) -> None:
         pending = follower.take()
@@ -96,6 +100,7 @@ class RolloutProducer:
                     except AstraFlowError as exc:
                         ctx.dead_letter(message, f"undecodable task: {exc}", exc)
                 if tasks:
+                    self._await_versions(tasks, followers, stop)
                     self._produce(tasks, followers)
                 if messages:
                     ctx.producer.flush()
@@ -108,6 +113,15 @@ class RolloutProducer:
                 follower.close()
             consumer.close()
         logger.info("left the rollout pool: last batch flushed and committed, %d trajectories in all", sum(self.trajectories.values()))
+
+    def _await_versions(self, tasks: list[RolloutTask], followers: dict[str, WeightFollower], stop: threading.Event) -> None:
+        """``mode: lockstep``: generate with at least the versions the feeder released the tasks at
+        (``version.<policy>`` in their metadata), so no sample is born stale."""
+        for policy, follower in followers.items():
+            needed = max((int(t.metadata.get(f"version.{policy}", -1)) for t in tasks), default=-1)
+            while self.engines[policy].version < needed and not stop.is_set():
+                follower.wait_for(needed, timeout=0.5)
+                self._refresh(policy, follower)
 
     def _catch_up(self, followers: dict[str, WeightFollower], stop: threading.Event) -> bool:
         """Take in every version published before this producer started; ``False`` if stopped first."""

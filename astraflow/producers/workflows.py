@@ -28,7 +28,7 @@ from astraflow.schemas.records import RolloutTask, Trajectory, Turn
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from astraflow.config import AgentConfig
+    from astraflow.config import AgentConfig, RunConfig
 
 
 @dataclass
@@ -57,6 +57,10 @@ class Workflow(ABC):
     @abstractmethod
     def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
         """One outcome per task, in task order."""
+
+    def groups_per_task(self, policy: str) -> int:
+        """Groups of ``policy``'s trajectories one task yields (the feeder's back-pressure counts them)."""
+        return 1
 
 
 class SingleTurnWorkflow(Workflow):
@@ -150,3 +154,15 @@ def build_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, tem
     from astraflow.producers.agent_workflows import build_agent_workflow
 
     return build_agent_workflow(kind, policy, reward, max_new_tokens, temperature, agent or AgentConfig(), data_dir)
+
+
+def build_run_workflow(config: RunConfig, data_dir: Path | None = None) -> Workflow:
+    """The workflow of a run config: a multi-policy one (``collab_workflows.py``) gets the policies'
+    narrowed configs, the others the single ``policy``."""
+    cfg = config.for_policy(config.policy_names()[0]) if config.policies else config
+    r = cfg.rollout
+    if r.workflow == "solver_verifier":
+        from astraflow.producers.collab_workflows import build_collab_workflow
+
+        return build_collab_workflow(r.workflow, [config.for_policy(name) for name in config.policy_names()])
+    return build_workflow(r.workflow, cfg.policy, r.reward, r.max_new_tokens, r.temperature, cfg.agent, data_dir)

@@ -74,3 +74,53 @@ def exact_match_reward(response_text: str, answer: str) -> float:
             f"exact_match_reward needs two strings, got {type(response_text).__name__} and {type(answer).__name__}"
         )
     return 1.0 if extract_answer(response_text) == answer.strip() else 0.0
+
+
+def judge_problems(problems: Iterable[Problem], seed: int = 0) -> list[Problem]:
+    """Judging rows: ``"12+35=47?"`` with reference ``"47|47"`` (right), ``"12+35=45?"`` with ``"47|45"`` (wrong).
+
+    About half the candidates are wrong, off by a small amount (±1, ±2, ±10), the kind of slip a
+    partly trained answerer makes. The reference is ``answer|candidate`` (``judge_reference``).
+    """
+    rng = random.Random(seed)
+    rows = []
+    for problem in problems:
+        candidate = problem.answer
+        if rng.random() >= 0.5:
+            candidate = str(int(problem.answer) + rng.choice((-10, -2, -1, 1, 2, 10))) if problem.answer.isdigit() else problem.answer + "0"
+        rows.append(Problem(f"{problem.prompt_id}?{candidate}", judge_prompt(problem.prompt, candidate), judge_reference(problem.answer, candidate)))
+    return rows
+
+
+def judge_prompt(prompt: str, candidate: str) -> str:
+    """What a judging policy sees: the task's prompt, a candidate answer and ``?``."""
+    return f"{prompt}{candidate}?"
+
+
+def judge_reference(answer: str, candidate: str) -> str:
+    """The reference of a judging task: the right answer and the candidate judged."""
+    return f"{answer}|{candidate}"
+
+
+def judgement(response_text: str, candidate: str) -> bool:
+    """A judge's verdict on ``candidate``: it accepts when the answer it writes is the candidate.
+
+    The judge is generative: it answers the prompt itself, seeing the candidate, and the verdict is
+    the comparison. A tiny model does not learn a bare ``1``/``0`` verdict (measured on the 4x128
+    model: supervised judging stays at chance for 1,000 steps of 64, from scratch or from the
+    answerer's base), while it learns to answer as the answerer does.
+    """
+    return extract_answer(response_text) == candidate.strip()
+
+
+def judge_reward(response_text: str, reference: str) -> float:
+    """1.0 when the judge's verdict on the candidate equals whether the candidate is right (``answer|candidate``)."""
+    if not isinstance(response_text, str) or not isinstance(reference, str) or "|" not in reference:
+        raise RewardError(f"judge_reward needs a response and an 'answer|candidate' reference, got {reference!r}")
+    answer, candidate = reference.split("|", 1)
+    return 1.0 if judgement(response_text, candidate) == (candidate == answer) else 0.0
+
+
+def judge_target(reference: str) -> str:
+    """What a judge is supervised to write during warm-up: the right answer."""
+    return reference.split("|", 1)[0]

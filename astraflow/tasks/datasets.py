@@ -7,12 +7,13 @@ the evaluator and a later replay all read the very same rows.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from astraflow.config import TaskConfig
+from astraflow.config import RunConfig, TaskConfig
 from astraflow.errors import ConfigError
-from astraflow.tasks.arithmetic import Problem, addition_problems, read_jsonl, write_jsonl
+from astraflow.tasks.arithmetic import Problem, addition_problems, judge_problems, judge_target, read_jsonl, write_jsonl
 
 Split = Literal["train", "heldout"]
 
@@ -37,6 +38,17 @@ def load_task_split(task: TaskConfig, run_dir: Path, split: Split) -> list[Probl
             tmp = write_jsonl(run_dir / "data" / f".{name}.{os.getpid()}.jsonl", rows)
             os.replace(tmp, run_dir / "data" / f"{name}.jsonl")
     return read_jsonl(path)
+
+
+def load_policy_split(config: RunConfig, run_dir: Path, split: Split, targets: bool = False) -> list[Problem]:
+    """What ``config.policy`` is evaluated on: the task's rows for ``role: answer``, judging rows
+    built from them (``judge_problems``, reference ``answer|candidate``) for ``role: judge``;
+    with ``targets``, a judge's rows carry what its warm-up supervises instead (``judge_target``)."""
+    rows = load_task_split(config.task, run_dir, split)
+    if config.role != "judge":
+        return rows
+    judged = judge_problems(rows, seed=config.task.seed + (split == "heldout"))
+    return [replace(row, answer=judge_target(row.answer)) for row in judged] if targets else judged
 
 
 def generate_split(task: TaskConfig, data_dir: Path) -> tuple[list[Problem], list[Problem]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,12 @@ def ctx(tmp_path: Path):
 def test_feeder_capacity_and_deterministic_tasks(ctx: ComponentContext) -> None:
     rows = [Problem(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(5)]
     feeder = TaskFeeder(ctx, rows, seed=3)
-    assert feeder.groups_per_batch == 32
+    assert feeder.budgets["main"].tasks_per_batch == 32
     # (max_staleness + V + 1) * B, plus every dropped group
-    assert feeder.capacity(version=-1, dropped=0) == 3 * 32
-    assert feeder.capacity(version=4, dropped=7) == 7 * 32 + 7
-    first = [feeder.task(n, 0).task_id for n in range(10)]
-    again = [TaskFeeder(ctx, rows, seed=3).task(n, 0).task_id for n in range(10)]
+    assert feeder.capacity({"main": -1}, Counter()) == 3 * 32
+    assert feeder.capacity({"main": 4}, Counter(main=7)) == 7 * 32 + 7
+    first = [feeder.task(n, {"main": 0}).task_id for n in range(10)]
+    again = [TaskFeeder(ctx, rows, seed=3).task(n, {"main": 0}).task_id for n in range(10)]
     assert first == again
     assert sorted(first[:5]) == [f"p{i}@0" for i in range(5)] and sorted(first[5:]) == [f"p{i}@1" for i in range(5)]
 

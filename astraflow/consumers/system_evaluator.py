@@ -1,0 +1,86 @@
+"""System evaluator: an answering policy checked by a judging policy, per version pair.
+
+It follows the weights topics of the run's ``role: answer`` and ``role: judge`` policies (no
+group, like the per-policy evaluator) and scores each new version pair with
+``astraflow.models.system_evaluation`` on the held-out split: ``eval.system.alone``,
+``eval.system.judged``, ``eval.system.pass_at_k`` and ``eval.system.judge_accuracy``, labelled
+with ``versions`` (``name=version,name=version``). The base pair is scored first. A pair is
+scored again once either policy moved ``eval.every_versions`` past the last scored pair; versions
+in between are skipped, never queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from astraflow.context import ComponentContext
+from astraflow.errors import ConfigError
+from astraflow.weights.follow import WeightFollower
+
+logger = logging.getLogger(__name__)
+
+
+class SystemEvaluator:
+    """Scores the answer policy alone and checked by the judge policy."""
+
+    def __init__(self, ctx: ComponentContext) -> None:
+        import torch
+
+        from astraflow.models.base import base_checkpoint_path
+        from astraflow.models.loading import load_policy
+        from astraflow.tasks.datasets import load_task_split
+
+        cfg = ctx.config
+        torch.set_num_threads(cfg.eval.threads)
+        roles = {cfg.for_policy(name).role: cfg.for_policy(name) for name in cfg.policy_names()}
+        if set(roles) != {"answer", "judge"}:
+            raise ConfigError("policies: the system evaluator needs a policy with role 'answer' and one with role 'judge'")
+        self.ctx = ctx
+        self.answer, self.judge = roles["answer"], roles["judge"]
+        self.models = {c.policy: load_policy(base_checkpoint_path(c, ctx.run_dir))[0] for c in (self.answer, self.judge)}
+        self.tokenizer = load_policy(base_checkpoint_path(self.answer, ctx.run_dir))[1]
+        self.heldout = load_task_split(cfg.task, ctx.run_dir, "heldout")
+        self.versions = {policy: 0 for policy in self.models}
+        self.scored: dict[str, int] | None = None
+
+    def evaluate(self) -> None:
+        from astraflow.models.system_evaluation import evaluate_system
+
+        a, j = self.answer, self.judge
+        result = evaluate_system(
+            self.models[a.policy], self.models[j.policy], self.tokenizer, self.heldout,
+            k=a.rollout.system_samples, answer_tokens=a.rollout.max_new_tokens, judge_tokens=j.rollout.max_new_tokens,
+            temperature=a.rollout.temperature, seed=a.task.seed,
+        )
+        self.scored = dict(self.versions)
+        label = ",".join(f"{policy}={version}" for policy, version in self.versions.items())
+        for name, value in vars(result).items():
+            self.ctx.metric(f"eval.system.{name}", value, self.versions[a.policy], versions=label)
+        self.ctx.producer.flush()
+        logger.info("versions %s: alone %.3f, judged %.3f (pass@k %.3f, judge %.3f)", label, result.alone, result.judged, result.pass_at_k, result.judge_accuracy)
+
+    def due(self) -> bool:
+        every = self.ctx.config.eval.every_versions
+        return self.scored is None or any(self.versions[p] - self.scored[p] >= every for p in self.versions)
+
+    def run(self, stop: threading.Event) -> None:
+        self.evaluate()
+        followers = {policy: WeightFollower(self.ctx.log, self.ctx.topics.weights(policy), payload=True).start() for policy in self.models}
+        try:
+            while not stop.is_set():
+                moved = False
+                for policy, follower in followers.items():
+                    pending = follower.take()
+                    if pending is not None:
+                        self.versions[policy], state = pending
+                        self.models[policy].load_state_dict(state)
+                        moved = True
+                if moved and self.due():
+                    self.evaluate()
+                elif not moved:
+                    first = next(iter(followers))
+                    followers[first].wait_for(self.versions[first] + 1, timeout=0.5)
+        finally:
+            for follower in followers.values():
+                follower.close()

@@ -1,0 +1,43 @@
+"""Two policies end to end: ``astraflow run examples/solver_verifier`` on the embedded log.
+
+Solver and verifier each have their own base checkpoint, stream processor, trainer and evaluator
+process; one rollout producer runs the workflow for both. Both trainers must publish versions, the
+solver's held-out exact match must rise above its base, and the system evaluator must report per
+version pair. Measured (4 min, 2 cores shared with another test run): solver 0.38 → 0.605 in 144
+versions; verifier 18 versions, verdict accuracy 0.545 → 0.52 (most of its groups are zero
+variance and dropped), so its rise is not asserted yet (issue 6).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import ASTRAFLOW
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "config.yaml"
+# a cold warm-up of both policies is part of this test when nothing is cached
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+
+def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["run"], raw["stop"] = "sv", {"max_minutes": 4}
+    config = run_dir / "test.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], capture_output=True, text=True, timeout=1500)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    policies = summary["policies"]
+    assert set(policies) == {"solver", "verifier"}
+    assert policies["solver"]["versions"] >= 20 and policies["verifier"]["versions"] >= 5, summary
+    solver = policies["solver"]
+    assert solver["final_accuracy"] >= solver["base_accuracy"] + 0.10, solver
+    system = summary["system_accuracy"]
+    assert set(system["final"]) == {"alone", "judged", "pass_at_k", "judge_accuracy"}
+    assert len(system["by_versions"]) >= 2
+
