@@ -6,8 +6,10 @@ The base checkpoint is built once by ``astraflow warmup`` (a real subprocess) an
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,16 @@ def run_dir(warmed_run_dir: Path, tmp_path: Path) -> Path:
     target.mkdir()
     shutil.copytree(warmed_run_dir / "base", target / "base")
     return target
+
+
+def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 60) -> None:
+    """SIGTERM every process still running, then wait for each; kill any that outlives ``timeout``."""
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()

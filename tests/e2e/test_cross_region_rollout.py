@@ -20,7 +20,7 @@ from astraflow.log import Log, open_log
 from astraflow.schemas.records import Trajectory
 from astraflow.weights.follow import WeightFollower
 from tests._broker import unavailable
-from tests.e2e.conftest import ASTRAFLOW, write_config
+from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 from tests.e2e.test_elastic import TopicReader, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(1800)]
@@ -63,14 +63,7 @@ def test_remote_producer_feeds_the_trainer_over_a_slow_link(run_dir: Path, kafka
             processes["rollout"].send_signal(signal.SIGTERM)
             assert processes["rollout"].wait(timeout=120) == 0, "the remote producer did not leave cleanly"
         finally:
-            for process in processes.values():
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            for process in processes.values():
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_processes(processes.values())
     assert {(t.region, t.hardware) for t in trajectories.records} == {("remote-e2e", "cpu-netns")}
     assert max(int(t.token_versions.max()) for t in trajectories.records) >= 1, "the remote producer never loaded a trained version"
     assert "left the rollout pool" in (logs / "rollout.out").read_text()

@@ -19,7 +19,7 @@ from astraflow.log import Log, TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
-from tests.e2e.conftest import ASTRAFLOW, write_config
+from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 # a cold warm-up (no cached base checkpoint) is part of the first test that needs it
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -84,14 +84,7 @@ def test_producer_joins_and_a_killed_producer_loses_no_task(run_dir: Path) -> No
         wait_until(lambda: submitted <= {t.task_id for t in trajectories.update()}, 300, "every submitted task to be sampled")
         versions.close()
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes.values())
         log.close()
     producers = {t.producer_id.rsplit("-", 1)[-1] for t in trajectories.records}
     assert {str(processes["rollout-a"].pid), str(processes["rollout-b"].pid)} <= producers

@@ -22,7 +22,7 @@ from astraflow.consumers.stats import collect_stats
 from astraflow.log import open_log
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
-from tests.e2e.conftest import ASTRAFLOW, write_config
+from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 from tests.e2e.test_elastic import TopicReader, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -71,14 +71,7 @@ def test_late_producer_catches_up_and_leaves_cleanly(run_dir: Path) -> None:
         wait_until(lambda: submitted <= {t.task_id for t in trajectories.update()}, 300, "every submitted task to be sampled")
         versions.close()
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes.values())
         read = -1
         while read != len(trajectories.records):  # the rest of the topic, now that nothing appends
             read = len(trajectories.records)
