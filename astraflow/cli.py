@@ -100,19 +100,20 @@ def stream(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
-    runtime: Annotated[str, typer.Option(help="Stream runtime: native (any log).")] = "native",
+    runtime: Annotated[Optional[str], typer.Option(help="Stream runtime: native (any log) or faust (Kafka only); overrides stream.runtime (default: faust on Kafka, native on the embedded log).")] = None,
     policy: PolicyOpt = None,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
-    from astraflow.errors import ConfigError
-    from astraflow.infra.process import run_component
-    from astraflow.streams.native import NativeStreamProcessor
+    from astraflow.infra.process import default_run_dir, resolve_config, run_component
 
-    if runtime != "native":
-        raise ConfigError(f"--runtime: {runtime!r} is not available; use 'native'")
-    cfg, directory = _component("stream", config, run_dir, backend, bootstrap)
+    cfg = resolve_config(config, backend, bootstrap, {"stream.runtime": runtime} if runtime else None)
+    directory = run_dir or default_run_dir(cfg)
     cfg = _one_policy(cfg, policy)
-    run_component("stream", cfg, directory, lambda ctx, stop: NativeStreamProcessor(ctx, cfg.policy).run(stop))
+    if cfg.stream_runtime() == "faust":
+        from astraflow.streams.faust_runtime import FaustStreamProcessor as Processor
+    else:
+        from astraflow.streams.native import NativeStreamProcessor as Processor
+    run_component("stream", cfg, directory, lambda ctx, stop: Processor(ctx, cfg.policy).run(stop))
 
 
 @app.command()

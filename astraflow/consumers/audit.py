@@ -12,7 +12,8 @@ Where each is recorded (audit reads nothing else: no component's memory, no log 
   group's trajectory ids and the reason (``<operator>: <detail>``; counted by operator).
 - **dead-lettered**: a DeadLetter names the trajectory record's topic, partition and offset.
 - **pending**: not decided yet - its sample lies at or beyond the checkpointed offsets (trainer),
-  or its record at or beyond the stream processors' committed offset without a fate (stream).
+  or its record at or beyond the stream processors' committed offset without a fate, or in a
+  half-filled group of the faust runtime's table (stream), which commits past such records.
 - **lost**: none of these, although the stream processors committed past its record.
 
 When several fates are recorded (a group re-processed after a crash) the first of that list wins.
@@ -29,7 +30,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from astraflow.consumers.attach import AttachedRun, decode_snapshot
+from astraflow.consumers.attach import AttachedRun, decode_snapshot, read_snapshot
 from astraflow.consumers.checkpoint import TrainerState, read_latest_state
 from astraflow.log import TopicPartition
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
@@ -128,6 +129,17 @@ class _TrainerMemory:
         return True
 
 
+def held_by_faust_table(run: AttachedRun, policy: str) -> set[str]:
+    """Trajectory ids in half-filled groups of the faust runtime's table: the last entry per key of
+    its changelog (layout in ``streams.faust_table``: ``{partition}␟m␟{group}␟{trajectory id}``)."""
+    topic = f"{run.name}.stream.{policy}-pending-changelog"
+    if topic not in run.log.list_topics():
+        return set()
+    latest = {message.key: message.value for message in read_snapshot(run.log, topic) if message.key}
+    entries = (key.split(b"\x1f", 3) for key, value in latest.items() if value)  # an empty value deletes
+    return {entry[3].decode() for entry in entries if len(entry) == 4 and entry[1] == b"m"}
+
+
 def _audit_policy(run: AttachedRun, policy: str, letters: dict[tuple[str, int, int], DeadLetter],
                   feedback: list[PromptStats], committed: dict[TopicPartition, int]) -> PolicyAudit:
     result = PolicyAudit(policy)
@@ -167,6 +179,7 @@ def _audit_policy(run: AttachedRun, policy: str, letters: dict[tuple[str, int, i
         else:
             trained[tid].append(_trained_version(state, message.partition, message.offset))
 
+    held = held_by_faust_table(run, policy)
     counts: dict[str, Counter] = {"trained": Counter(), "filtered": Counter(), "dead": Counter(), "pending": Counter()}
     for item, places in items.items():
         if trained[item]:
@@ -179,7 +192,7 @@ def _audit_policy(run: AttachedRun, policy: str, letters: dict[tuple[str, int, i
             counts["filtered"][filtered[item]] += 1
         elif item in dead:
             counts["dead"][dead[item]] += 1
-        elif any(offset >= committed.get(TopicPartition(trajectories, p), 0) for p, offset in places):
+        elif item in held or any(offset >= committed.get(TopicPartition(trajectories, p), 0) for p, offset in places):
             counts["pending"]["stream"] += 1
         else:
             result.lost.append(item)

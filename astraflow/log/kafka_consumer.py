@@ -107,11 +107,15 @@ class KafkaConsumer(Consumer):
         return {_ours(rd): (rd.offset if rd.offset >= 0 else None) for rd in found}
 
     def position(self, partition: TopicPartition) -> int:
+        current = self._consumer.position([RdPartition(partition.topic, partition.partition)])[0].offset
         if partition in self._positions:
-            return self._positions[partition]
+            # librdkafka's position also moves past the transaction markers no record stands for
+            # (topics written in transactions, e.g. by the faust stream runtime), without which a
+            # reader would never reach the end offset; after a seek it is unset (negative) until
+            # the next record.
+            return max(self._positions[partition], current)
         if partition in self._pending:
             return self._pending[partition]
-        current = self._consumer.position([RdPartition(partition.topic, partition.partition)])[0].offset
         if current >= 0:
             return current
         stored = self.committed([partition])[partition] if self._has_group else None

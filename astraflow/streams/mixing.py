@@ -57,3 +57,51 @@ class ReplayMixer:
         if self.selector == "latest":
             return self._buffer[-1 - drawn % len(self._buffer)]
         return self._buffer[self._rng.randrange(len(self._buffer))]
+
+
+@register
+class OfflineMixer:
+    """Emits groups of another trajectory topic so that they make up ``weight`` of the samples.
+
+    The mixer holds no I/O: the runtime reads the topic (``streams.offline.OfflineSource``), runs
+    its completed groups through the group operators (all but ``staleness``: their token versions
+    count another run's steps) and ``feed``-s the accepted ones here, as many as ``demand`` asks
+    for. The credit works like the replay mixer's: every fresh sample earns weight / (1 − weight)
+    offline samples, paid in whole groups. A fresh group that finds nothing fed (the topic is used
+    up, or behind) earns nothing, so a topic that grows again later is not owed a burst.
+    """
+
+    name = "offline"
+
+    def __init__(self, topic: str, weight: float = 0.3, source: str | None = None, loop: bool = False) -> None:
+        self.topic = topic
+        self.weight = weight
+        self.source = source
+        self.loop = loop
+        self._ready: deque[Group] = deque()
+        self._credit = 0.0  # offline samples owed
+
+    def demand(self, fresh_samples: int) -> float:
+        """Offline samples to have fed before ``fresh_samples`` more fresh samples are mixed."""
+        owed = self._credit + fresh_samples * self.weight / (1.0 - self.weight)
+        return owed - sum(len(group.trajectories) for group in self._ready)
+
+    def feed(self, group: Group) -> None:
+        self._ready.append(group)
+
+    def mix(self, group: Group) -> list[Group]:
+        if not self._ready:
+            self._credit = 0.0
+            return []
+        self._credit += len(group.trajectories) * self.weight / (1.0 - self.weight)
+        extra: list[Group] = []
+        while self._ready and len(self._ready[0].trajectories) <= self._credit:
+            offline = self._ready.popleft()
+            self._credit -= len(offline.trajectories)
+            extra.append(offline)
+        return extra
+
+    @property
+    def pending(self) -> list[Group]:
+        """Fed groups not emitted yet (their records must be read again after a crash)."""
+        return list(self._ready)

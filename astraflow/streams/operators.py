@@ -36,6 +36,7 @@ class Group:
     advantages: np.ndarray | None = None  # [G] float32
     operators: list[str] = field(default_factory=list)
     replay: int = 0  # 0: fresh; n: the n-th replayed copy of this group
+    origin: str = ""  # "": this run's; "#offline<pass>": mixed in from an offline topic (its ids are another run's)
     failed: list[str] = field(default_factory=list)  # members that were dead-lettered: the group is incomplete
     rewards: np.ndarray = field(init=False)  # [G] float64, rewritten by reward normalisation
 
@@ -51,9 +52,14 @@ class Group:
     def min_version(self) -> int:
         return min(t.min_version for t in self.trajectories)
 
+    @property
+    def reused(self) -> bool:
+        """True for data this run already trained on (a replayed copy) or did not generate (offline)."""
+        return self.replay > 0 or bool(self.origin)
+
     def sample_id(self, trajectory: Trajectory) -> str:
-        """The TrainSample id of one member: the trajectory id, suffixed for a replayed copy."""
-        return trajectory.trajectory_id if self.replay == 0 else f"{trajectory.trajectory_id}#replay{self.replay}"
+        """The TrainSample id of one member: the trajectory id, suffixed for offline data and replayed copies."""
+        return trajectory.trajectory_id + self.origin + (f"#replay{self.replay}" if self.replay else "")
 
 
 class GroupOperator(Protocol):

@@ -6,8 +6,10 @@ poll of its input:
 
 1. ``process(group, version)`` for every completed group: the group operators in order; the first
    drop reason ends it (the runtime counts the drop by kind);
-2. ``emit(accepted)`` once: every accepted group plus what the mixers add (replayed copies), in
-   the ordering's order, each stamped with the names of the mixers and the ordering it passed.
+2. ``emit(accepted)`` once: every accepted group plus what the mixers add (replayed copies,
+   offline groups), in the ordering's order, each stamped with the names of the mixers and the
+   ordering it passed. Before that, the runtime lets each ``offline`` mixer's source read what
+   the accepted groups will earn it (``streams.offline``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from astraflow.config import StreamConfig
-from astraflow.errors import ConfigError
 from astraflow.streams import advantage, filters, mixing, ordering
 from astraflow.streams.operators import OPERATORS, Group, GroupOperator, Mixer, Ordering, run_pipeline
-from astraflow.streams.specs import OfflineSpec, StalenessSpec
+from astraflow.streams.mixing import OfflineMixer
+from astraflow.streams.specs import StalenessSpec
 
 OPERATOR_MODULES = (filters, advantage, mixing, ordering)
 """Importing these modules fills ``OPERATORS``: each class there is ``@register``-ed under its YAML name."""
@@ -34,6 +36,11 @@ class Pipeline:
     def process(self, group: Group, trainer_version: int) -> str | None:
         """Run the group operators; ``None`` when the group is accepted, else why it was dropped."""
         return run_pipeline(self.operators, group, trainer_version)
+
+    @property
+    def offline(self) -> list[OfflineMixer]:
+        """The offline mixers, whose topics the runtime reads (``streams.offline.OfflineSource``)."""
+        return [mixer for mixer in self.mixers if isinstance(mixer, OfflineMixer)]
 
     def emit(self, accepted: list[Group]) -> list[Group]:
         """The groups to send for ``accepted`` (in completion order): mixed in, ordered, stamped."""
@@ -51,12 +58,7 @@ class Pipeline:
 def build_pipeline(config: StreamConfig) -> Pipeline:
     """The operators named by the stream config (``stream.pipeline`` or the default one)."""
     pipeline = Pipeline([], [], None, config.max_staleness)
-    for index, spec in enumerate(config.operators()):
-        if isinstance(spec, OfflineSpec):
-            raise ConfigError(
-                f"stream.pipeline.{index}: op 'offline' (topic {spec.topic!r}) is not implemented by the "
-                "native runtime yet (issue #4); remove it from the pipeline"
-            )
+    for spec in config.operators():
         params = spec.model_dump(exclude={"op"})
         if isinstance(spec, StalenessSpec):
             params["max_staleness"] = pipeline.max_staleness = (

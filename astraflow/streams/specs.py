@@ -145,12 +145,16 @@ class ReplaySpec(_Spec):
 
 class OfflineSpec(_Spec):
     op: Literal["offline"] = "offline"
-    """Mixer: samples from another trajectory topic (not implemented yet, issue #4)."""
+    """Mixer: a share of the emitted samples comes from another trajectory topic (e.g. an earlier run's)."""
     stage: ClassVar[Stage] = "mixer"
     topic: str = Field(min_length=1)
-    """A trajectory topic to mix in (e.g. ``oldrun.trajectories.main`` of an earlier run)."""
-    weight: float = Field(default=0.5, gt=0.0, le=1.0)
-    """Fraction of the emitted samples taken from that topic."""
+    """The trajectory topic to mix in (e.g. ``oldrun.trajectories.main`` of an earlier run)."""
+    weight: float = Field(default=0.3, gt=0.0, le=0.9)
+    """Fraction of the emitted samples taken from that topic (the rest are this run's)."""
+    source: str | None = None
+    """The run directory (or config file) of the run whose log holds ``topic``; unset: this run's log."""
+    loop: bool = False
+    """Start the topic over once it is used up; unset: mix each of its groups in once, then none."""
 
 
 class FifoSpec(_Spec):

@@ -95,10 +95,10 @@ def test_bad_stream_config_names_the_field(raw: dict, names: str) -> None:
     assert names in str(info.value)
 
 
-def test_offline_source_is_a_clear_config_error_until_implemented() -> None:
-    stream = parse_config(pipeline(GRPO, {"op": "offline", "topic": "old.trajectories.main", "weight": 0.2})).stream
-    with pytest.raises(ConfigError, match=r"stream.pipeline.1: op 'offline' .* not implemented .*issue #4"):
-        build_pipeline(stream)
+def test_offline_source_builds_a_mixer() -> None:
+    stream = parse_config(pipeline(GRPO, {"op": "offline", "topic": "old.trajectories.main", "weight": 0.2, "loop": True})).stream
+    (mixer,) = build_pipeline(stream).offline
+    assert (mixer.topic, mixer.weight, mixer.loop, mixer.source) == ("old.trajectories.main", 0.2, True, None)
 
 
 def test_saved_config_loads_again(tmp_path: Path) -> None:

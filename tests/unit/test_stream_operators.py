@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
@@ -28,7 +29,7 @@ from astraflow.streams.filters import (
     StalenessFilter,
     ZeroVarianceFilter,
 )
-from astraflow.streams.mixing import ReplayMixer
+from astraflow.streams.mixing import OfflineMixer, ReplayMixer
 from astraflow.streams.native import NativeStreamProcessor
 from astraflow.streams.operators import OPERATORS, Group, GroupBuffer, validate
 from astraflow.streams.ordering import EdfOrdering, FifoOrdering
@@ -285,13 +286,38 @@ def test_pipeline_emits_replays_in_edf_order_with_provenance() -> None:
     assert all(g.operators == ["staleness", "grpo", "zero_variance", "replay", "edf"] for g in emitted)
 
 
+@pytest.mark.parametrize("weight", [0.2, 0.5])
+def test_offline_share_holds_in_every_batch(weight: float) -> None:
+    """Fed enough, the offline mixer's groups make up ``weight`` of every batch, to within one group."""
+    mixer, size, batch = OfflineMixer("old.trajectories.main", weight=weight), 4, 64
+    emitted: list[Group] = []
+    for index in range(200):
+        fresh = group(f"f{index}", [1, 0, 1, 0])
+        while mixer.demand(size) > 0:
+            mixer.feed(replace(group(f"o{len(emitted)}-{mixer.demand(size)}", [0, 1, 0, 1]), origin="#offline0"))
+        emitted += [fresh, *mixer.mix(fresh)]
+    samples = [g.reused for g in emitted for _ in range(size)]
+    shares = [sum(samples[i:i + batch]) / batch for i in range(0, len(samples) - batch + 1, batch)]
+    assert all(abs(share - weight) <= size / batch + 1e-9 for share in shares), shares
+    offline = next(g for g in emitted if g.reused)
+    assert offline.sample_id(offline.trajectories[0]).endswith("#offline0")
+
+
+def test_offline_mixer_owes_nothing_for_groups_that_found_it_empty() -> None:
+    mixer = OfflineMixer("old.trajectories.main", weight=0.5)
+    for index in range(10):
+        assert mixer.mix(group(f"f{index}", [1, 0])) == []  # the topic had nothing: no debt builds up
+    mixer.feed(replace(group("o", [0, 1]), origin="#offline0"))
+    assert mixer.demand(2) <= 0
+    assert [g.group_id for g in mixer.mix(group("f", [1, 0]))] == ["o"]
+
+
 def test_every_operator_spec_builds_its_registered_class() -> None:
     adapter = TypeAdapter(OperatorSpec)
     names = {spec.model_fields["op"].default for spec in get_args(get_args(OperatorSpec)[0])}
-    assert names - set(OPERATORS) == {"offline"}  # offline sources: a config error until implemented
-    assert set(OPERATORS) <= names
-    defaults = {"reward_range": {"low": 0.0}}
-    for name in sorted(names - {"offline"}):
+    assert names == set(OPERATORS)
+    defaults = {"reward_range": {"low": 0.0}, "offline": {"topic": "old.trajectories.main"}}
+    for name in sorted(names):
         spec = adapter.validate_python({"op": name, **defaults.get(name, {})})
         params = spec.model_dump(exclude={"op"})
         if name == "staleness":

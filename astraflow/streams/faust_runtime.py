@@ -1,0 +1,251 @@
+"""The faust stream runtime: the configured pipeline as a faust agent on Kafka, exactly once.
+
+One faust app per policy, with one agent on ``{run}.trajectories.{policy}``. Its app id, and so
+its consumer group, is the native runtime's, ``{run}.stream.{policy}``: tools that read the stream
+processor's committed offsets (``audit``, ``replay``) find them whichever runtime ran, and a run
+switched from native to faust resumes where native committed (native never commits past a
+half-filled group). The two cannot run in one group at the same time (Kafka refuses a member
+whose assignment protocol differs), and native does not read faust's table. Records are read and
+written as raw bytes: the project's Avro codec decodes and encodes them (``streams.processing``,
+shared with the native runtime). Half-filled groups live in the faust table ``pending``
+(``faust_table``), whose changelog topic ``{app id}-pending-changelog`` lets a restarted or
+rebalanced worker resume them. A (re)started worker waits about 10 s at the end of restoring it:
+that is how faust recognises the end of a changelog written in transactions.
+
+Why transactions. A restarted worker must neither lose a group nor emit one twice. Faust's own
+commit runs on a timer, concurrently with the agent, and faust's ``exactly_once`` mode only puts
+changelog writes in the transaction, not records sent to other topics. So this runtime writes
+every record of one input record - changelog entries, dead letters, PromptStats, TrainSamples -
+through the transactional producer that faust keeps for the input's partition, and commits only
+between two records. Steps, per input record:
+
+1. Take the processing lock (faust's commits wait for it; see ``_QuiescentConsumer``).
+2. Decode, validate, group, run the operators and collect the output records (``_handle``, no
+   I/O): dead letters, the changelog writes of the group's entries, PromptStats and samples.
+3. Send them all with the transactional id of the input partition, then ack the record.
+4. Release the lock. Faust's next commit (every ``COMMIT_INTERVAL_S``) adds the acked offsets to
+   each partition's transaction and commits it: outputs, state and input offsets become visible
+   together, or - after a crash - not at all, and the records are processed again.
+
+Readers see the outputs once the transaction commits, if they read committed records: the Kafka
+log's consumers do (librdkafka's default ``isolation.level``). Metrics go through the component's
+own producer, outside the transactions. A failure while handling a record keeps the lock, so
+nothing of it is committed, and ends the worker with the error; the restarted worker reads the
+record again. Not supported here: ``offline`` mixers (they read another topic; use the native
+runtime). Each record's groups are emitted as they complete, so an ordering operator sees the
+groups of one record at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from functools import cached_property
+from typing import Any
+
+import faust
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer, Transport as AIOKafkaTransport
+
+from astraflow.context import ComponentContext
+from astraflow.errors import ConfigError
+from astraflow.log import Message
+from astraflow.streams.faust_table import PendingTable, read_records
+from astraflow.streams.operators import GroupBuffer
+from astraflow.streams.processing import GroupProcessor
+from astraflow.weights.follow import WeightFollower
+
+logger = logging.getLogger(__name__)
+
+COMMIT_INTERVAL_S = 0.5
+"""How often the transactions commit: the longest a sample waits before the trainer can read it."""
+SESSION_TIMEOUT_S = 10.0
+"""A worker that stops heart-beating (killed) gives its partitions up after this long."""
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""Largest record the worker's producer sends (a dead letter carries a whole trajectory)."""
+BATCH_BYTES = 1024 * 1024
+"""Records per produce request, in bytes (librdkafka's default; aiokafka's 16 KiB holds no trajectory)."""
+LINGER_S = 0.1
+"""How long the producer waits to fill a batch. Records are read only once their transaction
+commits, which sends whatever waits, so fuller batches (fewer requests for the broker) cost no
+latency; it stays below ``COMMIT_INTERVAL_S`` so batches go out while the transaction runs."""
+
+
+def replication_factor(bootstrap: str, topic: str) -> int:
+    """How many replicas ``topic`` has: the changelog gets as many as the input it mirrors."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    return len(metadata.topics[topic].partitions[0].replicas)
+
+
+class _QuiescentConsumer(AIOKafkaConsumer):
+    """Faust's aiokafka consumer whose commits wait for the record being processed.
+
+    Faust commits from a timer, from its fetcher and during rebalances and shutdown. A commit
+    in the middle of a record would put part of its outputs into a transaction without its
+    offset; a crash then re-processes the record and writes that part twice.
+    """
+
+    @cached_property
+    def processing(self) -> asyncio.Lock:
+        return asyncio.Lock()
+
+    async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        async with self.processing:
+            return await super().commit(topics, start_new_transaction=start_new_transaction)
+
+
+class _Transport(AIOKafkaTransport):
+    Consumer = _QuiescentConsumer
+
+
+class Outbox:
+    """The records one input record produces, sent together by the agent (a ``RecordSink``)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes | None, bytes | None, int | None]] = []
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.records.append((topic, key, value, None))
+
+    def put(self, topic: str, key: bytes, value: bytes | None, partition: int) -> None:
+        """A record for a given partition (a changelog entry; ``None`` deletes it)."""
+        self.records.append((topic, key, value, partition))
+
+    def drain(self) -> list[tuple[str, bytes | None, bytes | None, int | None]]:
+        records, self.records = self.records, []
+        return records
+
+
+class FaustStreamProcessor(GroupProcessor):
+    """Runs the configured pipeline for one policy as a faust worker on Kafka."""
+
+    out: Outbox
+    table: PendingTable  # on the app's faust table, made with the app (``_build_app``)
+
+    def __init__(self, ctx: ComponentContext, policy: str) -> None:
+        if ctx.config.log.backend != "kafka":
+            raise ConfigError("stream.runtime: 'faust' runs on Kafka only (log.backend: kafka); use 'native' on the embedded log")
+        super().__init__(ctx, policy, Outbox())
+        if self.pipeline.offline:
+            raise ConfigError("stream.pipeline: op 'offline' needs the native runtime (stream.runtime: native)")
+        self.source = ctx.topics.trajectories(policy)
+        self.app_id = f"{ctx.config.run}.stream.{policy}"
+        self.buffers: dict[int, GroupBuffer] = {}
+        self.failure: BaseException | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        if logging.getLogger().level > logging.DEBUG:  # faust logs every service start and stop at INFO
+            for name in ("faust", "mode", "aiokafka"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        follower = WeightFollower(self.ctx.log, self.ctx.topics.weights(self.policy), payload=False).start()
+        try:
+            loop.run_until_complete(self._serve(stop, follower))
+        finally:
+            follower.close()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self, stop: threading.Event, follower: WeightFollower) -> None:
+        """Start the worker, wait for a stop signal or a failure, stop it (committing what is acked)."""
+        app = self._build_app(follower, stop)
+        await app.start()
+        await app.wait(asyncio.get_running_loop().run_in_executor(None, stop.wait))
+        stop.set()  # frees the waiting thread when the worker ended first
+        if self.failure is not None:  # no app.stop(): it would commit. Drop the worker's tasks, as a crash would
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            raise self.failure
+        if app.crash_reason is not None:
+            raise app.crash_reason
+        await app.stop()
+
+    def _build_app(self, follower: WeightFollower, stop: threading.Event) -> faust.App:
+        ctx = self.ctx
+        partitions = ctx.log.describe_topic(self.source).partitions
+        datadir = ctx.run_dir / "faust" / self.policy
+        datadir.mkdir(parents=True, exist_ok=True)
+        app = faust.App(
+            self.app_id,
+            broker=[f"kafka://{host}" for host in (ctx.config.log.bootstrap or "").split(",")],
+            processing_guarantee="exactly_once",
+            store="memory://",
+            web_enabled=False,
+            autodiscover=False,
+            datadir=str(datadir),
+            topic_partitions=partitions,
+            topic_replication_factor=replication_factor(ctx.config.log.bootstrap or "", self.source),
+            consumer_auto_offset_reset="earliest",
+            broker_commit_interval=COMMIT_INTERVAL_S,
+            broker_session_timeout=SESSION_TIMEOUT_S,
+            broker_heartbeat_interval=SESSION_TIMEOUT_S / 5,
+            producer_max_request_size=MAX_RECORD_BYTES,
+            producer_max_batch_size=BATCH_BYTES,
+            producer_linger=LINGER_S,
+            consumer_max_fetch_size=MAX_RECORD_BYTES,
+        )
+        app.in_worker = True  # what faust's Worker sets: transactions are only used inside a worker
+        app.transport = _Transport(app.conf.broker_consumer, app)
+        table = app.Table("pending", partitions=partitions, key_type=bytes, value_type=bytes)
+        changelog = table.changelog_topic.get_topic_name()
+        self.table = PendingTable(table.data, lambda key, value, partition: self.out.put(changelog, key, value, partition))
+        topic = app.topic(self.source, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+        async def process(stream: faust.StreamT) -> None:
+            lock = app.consumer.processing
+            async for event in stream.noack().events():
+                await lock.acquire()
+                try:
+                    await self._on_event(app, event, max(follower.latest_version, 0))
+                except Exception as exc:  # the lock stays taken: nothing of this record is committed
+                    logger.exception("handling %s@%s failed; stopping the worker", event.message.partition, event.message.offset)
+                    self.failure = exc
+                    stop.set()
+                    return
+                await stream.ack(event)
+                lock.release()
+                await asyncio.sleep(0)  # sends rarely suspend: let faust's commit timer and fetcher run
+
+        app.agent(topic, name=f"{self.app_id}.process")(process)
+
+        async def on_revoked(sender: faust.App, revoked: set, **kwargs: Any) -> None:
+            """Revoked partitions may change hands: rebuild their buffers from the table if they come back."""
+            for tp in revoked:
+                if tp.topic == self.source:
+                    self.buffers.pop(tp.partition, None)
+
+        app.on_partitions_revoked.connect(on_revoked)
+        return app
+
+    async def _on_event(self, app: faust.App, event: faust.EventT, version: int) -> None:
+        partition = event.message.partition
+        message = Message(self.source, partition, event.message.offset, event.key, event.value,
+                          int(event.message.timestamp * 1000))
+        buffer = self.buffers.get(partition)
+        if buffer is None:  # the partition's first record since it was assigned: its groups are in the table
+            offsets = self.table.offsets(partition)
+            records = await asyncio.get_running_loop().run_in_executor(None, read_records, self.ctx.log, self.source, partition, offsets)
+            buffer = self.buffers[partition] = self.table.restore(partition, records, self.ctx.codec)
+        self._handle(message, version, buffer)
+        transactional_id = f"{app.conf.id}-{app.assignor.group_for_topic(self.source)}-{partition}"
+        for topic, key, value, target in self.out.drain():
+            await app.producer.send(topic, key, value, target, None, None, transactional_id=transactional_id)
+
+    def _handle(self, message: Message, version: int, buffer: GroupBuffer) -> None:
+        """Steps 1-4 of ``streams.processing`` for one record, into the outbox, with its table writes."""
+        partition = message.partition
+        arrival = self._admit(message)
+        before = self.table.entries(buffer, partition, arrival.group_id)
+        duplicates = buffer.duplicates
+        group = arrival.join(buffer, partition, message.offset)
+        self.table.journal(before, self.table.entries(buffer, partition, arrival.group_id), partition, message.offset, arrival.group_size)
+        if buffer.duplicates > duplicates:
+            self._count_drop("redelivered", version)
+        accepted = [group] if group is not None and self._process(group, version) else []
+        for emitted in self.pipeline.emit(accepted):
+            self._send(emitted, version)

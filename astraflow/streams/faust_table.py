@@ -1,0 +1,128 @@
+"""Half-filled groups of the faust runtime, kept in a changelog-backed faust table.
+
+The faust runtime collects groups in one ``GroupBuffer`` per input partition, the same class
+the native runtime uses, so a group completes, fails or drops a duplicate the same way on both.
+What the native runtime gets from re-reading uncommitted records after a crash, the faust
+runtime gets from this table: every change a record makes to a buffer is written to the table's
+changelog topic in the same Kafka transaction as the record's input offset, and a buffer is
+rebuilt from the table when its partition is (re)assigned - after faust restored the table from
+the changelog. So the offset of a record can be committed while its group is still half full.
+
+Layout: one entry per member, keyed ``{partition}␟{kind}␟{group_id}␟{member}`` (``␟`` is the
+ASCII unit separator, which ids never contain), so a partition's entries are found by prefix:
+
+- kind ``m``: a trajectory; the value is the offset of its record in the input partition;
+- kind ``f``: a dead-lettered member (trajectory id, or partition@offset for bytes that did not
+  decode); the value is the group size it announced (0: unknown).
+
+A member entry points at its record instead of holding its bytes: the trajectories topic keeps
+them anyway (forever, unless a retention is set on it), and copying every trajectory into the
+changelog would double the bytes the worker and the broker write. A buffer is rebuilt by reading
+those records again (``read_records``); one that retention deleted meanwhile makes its group
+incomplete, like a dead-lettered member.
+
+``journal`` turns one record's effect on a buffer into table writes by comparing the group's
+entries before and after: the arriving member is added, a completed group's entries are deleted.
+The ids of completed groups that ``GroupBuffer`` remembers (to drop late duplicates) are not in
+the table: after a restart, a late duplicate of a group emitted before it starts a new group
+that never completes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, MutableMapping
+
+from astraflow.log import Log, TopicPartition
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import Trajectory
+from astraflow.streams.operators import GroupBuffer
+
+logger = logging.getLogger(__name__)
+
+SEPARATOR = b"\x1f"
+MEMBER, FAILED = b"m", b"f"
+
+ChangelogWrite = Callable[[bytes, bytes | None, int], None]
+"""Writes one changelog record: key, value (``None``: delete), partition."""
+
+
+def entry_key(partition: int, kind: bytes, group_id: str, member: str) -> bytes:
+    return SEPARATOR.join([str(partition).encode(), kind, group_id.encode(), member.encode()])
+
+
+class PendingTable:
+    """The table's contents (``data``: faust's store, restored from the changelog) and its writes."""
+
+    def __init__(self, data: MutableMapping[bytes, bytes], write: ChangelogWrite) -> None:
+        self.data = data
+        self.write = write
+
+    def entries(self, buffer: GroupBuffer, partition: int, group_id: str | None) -> set[bytes]:
+        """The keys that ``group_id``'s members in ``buffer`` have in the table."""
+        if group_id is None:
+            return set()
+        keys = {entry_key(partition, MEMBER, group_id, member) for member in buffer.pending.get(group_id, {})}
+        return keys | {entry_key(partition, FAILED, group_id, member) for member in buffer.failed.get(group_id, {})}
+
+    def journal(self, before: set[bytes], after: set[bytes], partition: int, offset: int, group_size: int) -> None:
+        """Write what changed between two ``entries`` of one group around one arriving record.
+
+        ``offset`` is the arriving record's (stored for a trajectory) and ``group_size`` the size
+        it announced (stored for a dead-lettered member): at most one entry is new.
+        """
+        for key in after - before:
+            stored = str(offset if key.split(SEPARATOR, 2)[1] == MEMBER else group_size).encode()
+            self.data[key] = stored
+            self.write(key, stored, partition)
+        for key in before - after:
+            self.data.pop(key, None)
+            self.write(key, None, partition)
+
+    def members(self, partition: int) -> dict[tuple[str, str, str], int]:
+        """The entries of ``partition``: (kind, group id, member) → offset (``m``) or group size (``f``)."""
+        prefix = str(partition).encode() + SEPARATOR
+        entries = {}
+        for key, value in list(self.data.items()):
+            if key.startswith(prefix):
+                _, kind, group_id, member = key.decode().split(SEPARATOR.decode(), 3)
+                entries[(kind, group_id, member)] = int(value)
+        return entries
+
+    def offsets(self, partition: int) -> list[int]:
+        """The input offsets the trajectory entries of ``partition`` point at (what ``read_records`` reads)."""
+        return [number for (kind, _, _), number in self.members(partition).items() if kind == MEMBER.decode()]
+
+    def restore(self, partition: int, records: dict[int, bytes], codec: Codec) -> GroupBuffer:
+        """A buffer holding the half-filled groups of ``partition`` that the table holds.
+
+        ``records``: the input records its member entries point at, by offset (``read_records``).
+        """
+        buffer = GroupBuffer()
+        for (kind, group_id, member), number in self.members(partition).items():
+            if kind == FAILED.decode():
+                buffer.fail(group_id, member, number)
+            elif number in records:
+                buffer.add(codec.decode(records[number], expect=Trajectory), partition, number)
+            else:
+                logger.warning("record %d@%d of group %s is gone from the input (retention?): the group is incomplete",
+                               partition, number, group_id)
+                buffer.fail(group_id, member)
+        return buffer
+
+
+def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> dict[int, bytes]:
+    """The values of the records at ``offsets`` of one partition (those still there), read in one pass."""
+    if not offsets:
+        return {}
+    wanted, found = set(offsets), {}
+    tp = TopicPartition(topic, partition)
+    consumer = log.consumer(group_id=None)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, min(wanted))
+        while consumer.position(tp) <= max(wanted):
+            found.update((m.offset, m.value) for m in consumer.poll(max_records=1000, timeout=1.0) if m.offset in wanted)
+    finally:
+        consumer.close()
+    return found

@@ -1,0 +1,279 @@
+"""Stream throughput: trajectories/s through each stream runtime on Kafka, next to a raw loop of the same bytes.
+
+Each variant is one process reading ``--records`` trajectory records (groups of ``--group-size``
+with mixed rewards, so the default pipeline accepts every group) from its own copy of the input
+topic (2 partitions), written before it starts, on a local KRaft broker:
+
+- ``raw``: confluent-kafka consume -> produce of the same bytes to a one-partition topic, flush
+  and commit after each poll of up to 512 (the native loop without decoding, operators and
+  encoding): the ceiling of this broker and client on this machine.
+- ``native``: ``astraflow stream --runtime native``: decode and validate, group, staleness ->
+  GRPO -> zero_variance, TrainSamples and PromptStats encoded and sent, flush, commit.
+- ``faust``: ``astraflow stream --runtime faust``: the same operators as a faust agent; each
+  record's outputs, table entries and input offset are committed together in Kafka transactions.
+
+Rate: trajectories per second over the steady part of the run, the output records (samples;
+for ``raw`` the copies) between the 10th and the 90th percentile of their log timestamps. That
+leaves out each process's start (faust: joining the group and restoring its table), which is
+not throughput. Next to it, trajectories per CPU-second of the process and the broker
+(``/proc``; the broker only when this script started it), from the first output record seen to
+the last: on a shared machine it moves far less with other load than the wall-clock rate does
+(``None`` when the run was too short to measure its CPU time). Rounds rotate the order of the variants;
+each ratio is the median of the per-round ratios, taken side by side.
+
+Targets (issue #4): faust >= 30 % and native >= 50 % of raw. Writes
+``benchmarks/results/stream_throughput.json`` and ``.png``.
+
+    .venv/bin/python benchmarks/stream_throughput.py [--bootstrap HOST:PORT] [--rounds 3] [--records 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from astraflow.log import TopicSpec, open_log
+from astraflow.schemas.records import Trajectory
+from astraflow.topics import RunTopics
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS = ["raw", "native", "faust"]
+TARGETS = {"faust_vs_raw": 0.3, "native_vs_raw": 0.5}
+PARTITIONS = 2
+CLIENT = {"acks": "all", "enable.idempotence": True, "message.max.bytes": 64 * 1024 * 1024, "log_level": 3}
+"""The raw loop's producer settings: those of ``KafkaLog``, so the ratio measures what a runtime adds."""
+
+
+def make_trajectory(group: int, index: int, group_size: int, response_tokens: int, rng: np.random.Generator) -> Trajectory:
+    """A realistic member of group ``group``: 256 prompt tokens, ``response_tokens`` generated ones."""
+    r, gid = response_tokens, f"group-{group:06d}"
+    return Trajectory(
+        trajectory_id=f"{gid}/{index}", episode_id=f"{gid}/{index}", group_id=gid, task_id=gid, prompt_id=f"prompt-{group:06d}",
+        policy="main", workflow="math", prompt_ids=rng.integers(0, 151_936, 256, dtype=np.int32),
+        response_ids=rng.integers(0, 151_936, r, dtype=np.int32), behaviour_logprobs=-rng.exponential(0.5, r).astype(np.float32),
+        token_versions=np.zeros(r, np.int32), loss_mask=np.ones(r, np.uint8), reward=float((group + index) % 2),
+        response_text=("So the answer is 42. " * r)[: 4 * r], group_size=group_size,
+    )
+
+
+def raw_loop(bootstrap: str, source: str, target: str, records: int) -> None:
+    """Copy ``records`` records from ``source`` to ``target``: flush and commit after each poll."""
+    from confluent_kafka import Consumer, Producer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{source}.raw", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "fetch.max.bytes": 64 * 1024 * 1024, "log_level": 3})
+    producer = Producer({"bootstrap.servers": bootstrap, **CLIENT})
+    consumer.subscribe([source])
+    copied = 0
+    while copied < records:
+        first = consumer.poll(0.5)  # then what has arrived, up to 512: as the Log API polls
+        for message in ([first] + consumer.consume(511, timeout=0) if first is not None else []):
+            if message.error() is None:
+                producer.produce(target, message.value(), message.key())
+                copied += 1
+        producer.flush(30)
+        consumer.commit(asynchronous=False)
+    consumer.close()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes used so far (``/proc/PID/stat``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def follow_output(bootstrap: str, topic: str, records: int, process: subprocess.Popen | mp.process.BaseProcess,
+                  pids: dict[str, int], timeout_s: float) -> tuple[list[int], int, dict[str, float]]:
+    """Read the ``records`` committed records of ``topic`` as they arrive. Returns their log
+    timestamps (ms), how many arrived after the first poll that saw any, and the CPU seconds the
+    processes in ``pids`` used from that poll to the last (a finished process still has its
+    ``/proc`` entry until it is reaped)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024, "log_level": 3})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    stamps: list[int] = []
+    first: tuple[int, dict[str, float]] | None = None
+    deadline = time.monotonic() + timeout_s
+    while len(stamps) < records:
+        if failed(process) or time.monotonic() > deadline:
+            raise RuntimeError(f"{topic}: {len(stamps)} of {records} records, and the process {'failed' if failed(process) else 'timed out'}")
+        stamps += [m.timestamp()[1] for m in consumer.consume(1000, timeout=0.2) if m.error() is None]
+        if first is None and stamps:
+            first = len(stamps), {name: cpu_seconds([pid]) for name, pid in pids.items()}
+    consumer.close()
+    last = {name: cpu_seconds([pid]) for name, pid in pids.items()}
+    return stamps, records - first[0], {name: last[name] - first[1][name] for name in pids}
+
+
+def failed(process: subprocess.Popen | mp.process.BaseProcess) -> bool:
+    """A runtime ended before it was stopped, or the raw loop ended with an error."""
+    return process.poll() is not None if isinstance(process, subprocess.Popen) else process.exitcode not in (None, 0)
+
+
+def steady_rate(stamps: list[int]) -> float:
+    """Records per second between the 10th and the 90th percentile of the timestamps."""
+    ordered = sorted(stamps)
+    low, high = len(ordered) // 10, len(ordered) * 9 // 10
+    return (high - low) / max((ordered[high] - ordered[low]) / 1000, 1e-3)
+
+
+def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_pid: int | None,
+                records: list[tuple[bytes, bytes]], tmp: Path) -> dict:
+    """Write the input, run one variant until all its output is readable, return its rate."""
+    run = f"bench{variant}{uuid.uuid4().hex[:8]}"
+    topics = RunTopics(run, "math", ("main",))
+    with open_log("kafka", bootstrap=bootstrap) as log:
+        topics.ensure(log, PARTITIONS)
+        target = topics.samples("main") if variant != "raw" else f"{run}.copies"
+        log.create_topic(TopicSpec(target, partitions=1, max_message_bytes=32 * 1024 * 1024))
+        with log.producer() as producer:
+            for key, value in records:
+                producer.send(topics.trajectories("main"), value, key=key)
+    started = time.monotonic()
+    if variant == "raw":
+        process = mp.get_context("spawn").Process(target=raw_loop, args=(bootstrap, topics.trajectories("main"), target, len(records)))
+        process.start()
+    else:
+        config = tmp / f"{run}.yaml"
+        config.write_text(yaml.safe_dump({"run": run, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": PARTITIONS}}))
+        process = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "stream", str(config), "--run-dir", str(tmp / run), "--runtime", variant],
+                                   stdout=subprocess.DEVNULL, stderr=(tmp / f"{run}.log").open("wb"), stdin=subprocess.DEVNULL)
+    pids = {"process": process.pid, **({"broker": broker_pid} if broker_pid else {})}
+    try:
+        stamps, counted, cpu = follow_output(bootstrap, target, len(records), process, pids, args.timeout)
+    finally:
+        if isinstance(process, subprocess.Popen):
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+        else:
+            process.join(timeout=60)
+    rate = steady_rate(stamps)
+    return {"trajectories_per_s": rate, "mb_per_s": rate * args.trajectory_bytes / 1e6,
+            "trajectories_per_cpu_s": counted / sum(cpu.values()) if counted and sum(cpu.values()) > 0.05 else None,
+            "cpu_s": cpu, "cpu_counted_trajectories": counted,
+            "wall_s": round(time.monotonic() - started, 1)}
+
+
+def summarize(rounds: list[dict[str, dict]]) -> tuple[dict, dict]:
+    """Median rates, and the ratios to raw: per round (side by side), then their median."""
+    def median(values: list[float | None]) -> float | None:
+        known = [value for value in values if value is not None]
+        return statistics.median(known) if known else None
+
+    medians = {key: {v: median([r[v][key] for r in rounds]) for v in VARIANTS} for key in ("trajectories_per_s", "trajectories_per_cpu_s")}
+    ratios = {}
+    for variant in ("native", "faust"):
+        for key, name in (("trajectories_per_s", ""), ("trajectories_per_cpu_s", "_per_cpu_s")):
+            per_round = [r[variant][key] / r["raw"][key] if r[variant][key] and r["raw"][key] else None for r in rounds]
+            ratios[f"{variant}_vs_raw{name}"] = median(per_round)
+            ratios[f"{variant}_vs_raw{name}_per_round"] = per_round
+    return medians, ratios
+
+
+def plot(path: Path, rounds: list[dict], medians: dict, ratios: dict, caption: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    panels = [("trajectories_per_s", "", "trajectories / s (steady part)"),
+              ("trajectories_per_cpu_s", "_per_cpu_s", "trajectories / CPU-second (process + broker)")]
+    colors = {"raw": "#999999", "native": "#4c72b0", "faust": "#dd8452"}
+    for ax, (key, suffix, label) in zip(axes, panels):
+        xs = range(len(VARIANTS))
+        ax.bar(xs, [medians[key][v] or 0.0 for v in VARIANTS], color=[colors[v] for v in VARIANTS], alpha=0.8)
+        for x, variant in zip(xs, VARIANTS):
+            measured = [r[variant][key] for r in rounds if r[variant][key] is not None]
+            ax.scatter([x] * len(measured), measured, color="black", s=12, zorder=3)
+            if variant != "raw" and ratios[f"{variant}_vs_raw{suffix}"] is not None:
+                ax.annotate(f"{ratios[f'{variant}_vs_raw{suffix}']:.0%} of raw\n(target {TARGETS[f'{variant}_vs_raw']:.0%})",
+                            (x, medians[key][variant]), ha="center", va="bottom", fontsize=9, xytext=(0, 4), textcoords="offset points")
+                ax.axhline(TARGETS[f"{variant}_vs_raw"] * medians[key]["raw"], color=colors[variant], ls=":", lw=1)
+        ax.set_xticks(list(xs), ["raw consume->produce", "native runtime", "faust runtime"])
+        ax.set_ylabel(f"{label}; dots: rounds", fontsize=9)
+    fig.suptitle("Stream runtimes on Kafka vs a raw loop of the same bytes (ratios: median of per-round ratios)", fontsize=11)
+    fig.text(0.5, 0.01, caption, ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", help="use this Kafka broker instead of starting a local one")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=3000, help="trajectories per variant and round")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--response-tokens", type=int, default=1024)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one variant may take")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    from astraflow.schemas.codec import Codec
+
+    codec, rng = Codec(), np.random.default_rng(0)
+    groups = args.records // args.group_size
+    records = [(f"group-{g:06d}".encode(), codec.encode(make_trajectory(g, i, args.group_size, args.response_tokens, rng)))
+               for g in range(groups) for i in range(args.group_size)]
+    args.trajectory_bytes = round(statistics.mean(len(value) for _, value in records))
+    load_at_start, started = os.getloadavg()[0], time.monotonic()
+    rounds: list[dict[str, dict]] = []
+    with tempfile.TemporaryDirectory(prefix="astraflow-stream-bench-") as tmp:
+        broker = None
+        if not args.bootstrap:
+            from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
+
+            broker = LocalKafkaBroker(Path(tmp) / "kafka", free_port(), jar_cache=default_home())
+            broker.start(timeout=120)
+        try:
+            bootstrap = args.bootstrap or broker.bootstrap
+            broker_pid = None if broker is None else broker.status().pid
+            for index in range(args.rounds):
+                order = VARIANTS[index % len(VARIANTS):] + VARIANTS[: index % len(VARIANTS)]
+                rounds.append({variant: run_variant(variant, args, bootstrap, broker_pid, records, Path(tmp)) for variant in order})
+                print(f"round {index}: " + "  ".join(f"{v} {rounds[-1][v]['trajectories_per_s']:,.0f}/s "
+                                                     f"({rounds[-1][v]['trajectories_per_cpu_s'] or 0:,.0f}/CPU-s)" for v in VARIANTS), flush=True)
+        finally:
+            if broker is not None:
+                broker.stop()
+    medians, ratios = summarize(rounds)
+    met = {name: ratios[name] >= target for name, target in TARGETS.items()}
+    machine = {"nproc": len(os.sched_getaffinity(0)), "platform": platform.platform(), "python": platform.python_version(),
+               "loadavg_1m_at_start": load_at_start, "loadavg_1m_at_end": os.getloadavg()[0]}
+    caption = (f"{args.records} trajectories of {args.trajectory_bytes:,} B, groups of {args.group_size}, {args.rounds} rounds; "
+               f"{machine['nproc']} CPUs, 1-min load {load_at_start:.1f} at start, {machine['loadavg_1m_at_end']:.1f} at end")
+    report = {
+        "benchmark": "stream_throughput",
+        "inputs": {**vars(args), "out": str(args.out), "partitions": PARTITIONS, "raw_producer": CLIENT,
+                   "broker": "given" if args.bootstrap else "local KRaft (astraflow.infra.broker)"},
+        "machine": machine, "targets": TARGETS, "medians": medians, "ratios": ratios,
+        "targets_met": met, "rounds": rounds, "wall_s": round(time.monotonic() - started, 1),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "stream_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(args.out / "stream_throughput.png", rounds, medians, ratios, caption)
+    print(json.dumps({"medians": medians, "ratios": ratios, "targets_met": met, "wall_s": report["wall_s"]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The faust stream runtime on a real Kafka broker, as ``astraflow stream`` processes.
+
+1. The same trajectories topic - accepted groups, zero-variance groups, a group with a NaN
+   reward, one with a member of garbage bytes, a redelivered member, a never-completed group and
+   unkeyed garbage - is processed by the native runtime and then, from the start again, by the
+   faust runtime: the two emit the same samples as a multiset, report the same groups, and
+   dead-letter the same records.
+2. A faust worker killed with SIGKILL twice - once holding only half-filled groups whose
+   offsets it committed, once while its open transaction holds samples - and restarted each time
+   loses no group and emits none twice: its transactions commit outputs, table changes and input
+   offsets together, and the samples of the transaction cut short are never read.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer as RdConsumer, KafkaError, TopicPartition as RdPartition
+from confluent_kafka.admin import AdminClient
+
+from astraflow.log import Log, open_log
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
+from astraflow.topics import RunTopics
+
+pytestmark = pytest.mark.kafka
+GROUP = 4
+CODEC = Codec()
+
+
+def trajectory(group: str, index: int, reward: float, n: int = 3) -> Trajectory:
+    return Trajectory(
+        trajectory_id=f"{group}/{index}", episode_id=f"{group}/{index}", group_id=group, task_id=group, prompt_id=f"p-{group}",
+        policy="main", workflow="math", prompt_ids=np.arange(3, dtype=np.int32), response_ids=np.arange(n, dtype=np.int32),
+        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32), token_versions=np.zeros(n, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8), reward=reward, group_size=GROUP,
+    )
+
+
+def rewards(group: int) -> list[float]:
+    """Mixed rewards (accepted), except every fifth group: all equal (dropped as zero_variance)."""
+    return [1.0] * GROUP if group % 5 == 0 else [float((group + i) % 2) for i in range(GROUP)]
+
+
+def member(group: int, index: int) -> tuple[bytes, bytes]:
+    return f"g{group}".encode(), CODEC.encode(trajectory(f"g{group}", index, rewards(group)[index]))
+
+
+class Run:
+    """One run's config, topics and ``astraflow stream`` processes on the session broker."""
+
+    def __init__(self, bootstrap: str, name: str, tmp_path: Path) -> None:
+        self.run_dir = tmp_path / name
+        self.run_dir.mkdir()
+        self.config = self.run_dir / "config.yaml"
+        self.config.write_text(yaml.safe_dump({"run": name, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": 2}}))
+        self.bootstrap = bootstrap
+        self.log: Log = open_log("kafka", bootstrap=bootstrap)
+        self.topics = RunTopics(name, "math", ("main",))
+        self.topics.ensure(self.log, 2)
+        self.producer = self.log.producer()
+        self.group = f"{name}.stream.main"  # both runtimes' consumer group
+        self.processes: list[subprocess.Popen] = []
+
+    def produce(self, records: list[tuple[bytes | None, bytes]]) -> None:
+        for key, value in records:
+            self.producer.send(self.topics.trajectories("main"), value, key=key)
+        self.producer.flush()
+
+    def stream(self, *options: str) -> subprocess.Popen:
+        out = (self.run_dir / f"stream-{len(self.processes)}.out").open("wb")
+        process = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "stream", str(self.config), "--run-dir", str(self.run_dir), *options],
+                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.processes.append(process)
+        return process
+
+    def read(self, topic: str, record: type, committed: bool = True) -> list:
+        """Every committed record of ``topic`` (or every record), decoded: read until each partition reports its end.
+
+        The end of a partition for a read_committed reader is its last stable offset (the first
+        record of a transaction still open), not the high watermark that ``Consumer.lag`` uses;
+        the high watermark also counts the transaction markers, which no reader receives.
+        """
+        partitions = self.log.describe_topic(topic).partitions
+        isolation = "read_committed" if committed else "read_uncommitted"
+        consumer = RdConsumer({"bootstrap.servers": self.bootstrap, "group.id": "unused", "enable.partition.eof": True,
+                               "isolation.level": isolation, "enable.auto.commit": False, "fetch.wait.max.ms": 20})
+        consumer.assign([RdPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        records, ended = [], set()
+        while len(ended) < partitions:
+            for message in consumer.consume(10_000, timeout=0.2):
+                if message.error() is None:
+                    records.append(CODEC.decode(message.value(), expect=record))
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(message.partition())
+                else:
+                    raise AssertionError(f"reading {topic}: {message.error()}")
+        consumer.close()
+        return records
+
+    def in_open_transaction(self, topic: str) -> bool:
+        """Whether ``topic``'s partition 0 holds records of a transaction not yet ended: its end for a
+        read_committed reader (the last stable offset) is below its high watermark."""
+        ends = []
+        for isolation in ("read_committed", "read_uncommitted"):
+            consumer = RdConsumer({"bootstrap.servers": self.bootstrap, "group.id": "unused", "isolation.level": isolation})
+            ends.append(consumer.get_watermark_offsets(RdPartition(topic, 0), timeout=10, cached=False)[1])
+            consumer.close()
+        return ends[0] < ends[1]
+
+    def committed(self) -> dict[int, int]:
+        offsets = self.log.group_offsets().get(self.group, {})
+        return {tp.partition: offset for tp, offset in offsets.items() if tp.topic == self.topics.trajectories("main")}
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        self.producer.close()
+        self.log.close()
+
+
+@pytest.fixture
+def make_run(kafka_bootstrap: str, tmp_path: Path, unique: str) -> Iterator[Callable[[str], Run]]:
+    runs: list[Run] = []
+
+    def make(name: str) -> Run:
+        runs.append(Run(kafka_bootstrap, f"{name}{unique}", tmp_path))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process is None or process.poll() is None, f"the stream processor exited with {process.returncode} while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.2)
+
+
+def uncommitted(run: Run) -> int:
+    """Samples written in transactions that are open or were aborted."""
+    topic = run.topics.samples("main")
+    return len(run.read(topic, TrainSample, committed=False)) - len(run.read(topic, TrainSample))
+
+
+def kill_mid_transaction(run: Run, worker: subprocess.Popen, timeout: float) -> None:
+    """SIGKILL ``worker`` while its open transaction holds samples: frozen (SIGSTOP) when it seems
+    to, killed if it still does, else let go on to try again."""
+    topic = run.topics.samples("main")
+    deadline = time.monotonic() + timeout
+    while True:
+        wait_for(lambda: run.in_open_transaction(topic), deadline - time.monotonic(), "samples in an open transaction", worker)
+        worker.send_signal(signal.SIGSTOP)
+        if run.in_open_transaction(topic):
+            worker.kill()
+            worker.wait()
+            return
+        worker.send_signal(signal.SIGCONT)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+
+
+def sample_key(sample: TrainSample) -> tuple:
+    return sample.sample_id, round(sample.advantage, 6), tuple(sample.operators), sample.replayed, sample.deadline_version
+
+
+def test_faust_and_native_emit_the_same_samples(make_run: Callable[[str], Run]) -> None:
+    run = make_run("same")
+    groups = 12
+    records = [member(g, i) for g in range(groups) for i in range(GROUP)]
+    records[5] = (b"g1", CODEC.encode(trajectory("g1", 1, float("nan"))))  # g1: dead-lettered member -> incomplete
+    records[9] = (b"g2", b"\x00garbage")  # g2: undecodable member, keyed -> incomplete
+    records.insert(14, records[13])  # g3/1 redelivered
+    records += [member(99, 0), member(99, 1), (None, b"unkeyed garbage")]  # g99 never completes
+    run.produce(records)
+
+    native = run.stream("--runtime", "native")
+    wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) == groups, 60, "native to report every group", native)
+    stop(native)
+    native_samples = run.read(run.topics.samples("main"), TrainSample)
+    admin = AdminClient({"bootstrap.servers": run.bootstrap})
+    admin.delete_consumer_groups([run.group], request_timeout=30)[run.group].result()  # faust starts over
+
+    worker = run.stream()  # Kafka: faust by default
+    wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) == 2 * groups, 90, "faust to report every group", worker)
+    stop(worker)
+    samples = run.read(run.topics.samples("main"), TrainSample)
+    faust_samples = samples[len(native_samples):]
+
+    assert Counter(map(sample_key, faust_samples)) == Counter(map(sample_key, native_samples))
+    assert len(native_samples) == GROUP * sum(1 for g in range(3, groups) if g % 5)  # g0 g5 g10 equal, g1 g2 incomplete
+    stats = run.read(run.topics.feedback(), PromptStats)
+    reports = [Counter((s.group_id, s.accepted, s.drop_reason.split(":")[0]) for s in half) for half in (stats[:groups], stats[groups:])]
+    assert reports[0] == reports[1]
+    letters = run.read(run.topics.deadletter(), DeadLetter)
+    assert Counter((d.key, d.reason.split(":")[0]) for d in letters) == {
+        (b"g1", "invalid trajectory g1/1"): 2, (b"g2", "undecodable trajectory"): 2, (None, "undecodable trajectory"): 2}
+
+
+def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Callable[[str], Run]) -> None:
+    run = make_run("kill")
+    groups = 1000
+    first, second = [member(g, i) for g in range(groups) for i in (0, 1)], [member(g, i) for g in range(groups) for i in (2, 3)]
+    run.produce(first)
+    worker = run.stream("--runtime", "faust")
+    ends = run.log.end_offsets(run.topics.trajectories("main"))
+    wait_for(lambda: run.committed() == ends, 90, "the worker to commit past the first members of every group", worker)
+    assert run.read(run.topics.feedback(), PromptStats) == []  # every group is half full, and held only by the table
+    worker.kill()
+    worker.wait()
+
+    run.produce(second)
+    kill_mid_transaction(run, run.stream("--runtime", "faust"), 90)
+    emitted_before_kill = len(run.read(run.topics.samples("main"), TrainSample))
+    aborted = uncommitted(run)
+
+    worker = run.stream("--runtime", "faust")
+    wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 90, "every group to be reported", worker)
+    ends = run.log.end_offsets(run.topics.trajectories("main"))
+    wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything", worker)
+    stop(worker)
+
+    stats = run.read(run.topics.feedback(), PromptStats)
+    assert sorted(s.group_id for s in stats) == sorted(f"g{g}" for g in range(groups))  # each group reported once
+    samples = run.read(run.topics.samples("main"), TrainSample)
+    emitted = Counter(s.sample_id for s in samples)
+    assert max(emitted.values()) == 1
+    assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+    assert aborted > 0 and emitted_before_kill < len(samples)  # the kill cut a transaction holding samples
+    assert uncommitted(run) == aborted  # ... whose samples were written again, in a transaction that committed

@@ -1,0 +1,112 @@
+"""An ``offline`` source mixed into a live stream processor, on both backends.
+
+An earlier run's trajectory topic (here written directly: 12 groups, one of them all-equal, plus a
+record of garbage bytes after the first group) is mixed into this run's samples at weight 0.5 by the native runtime:
+offline groups pass the group operators except ``staleness`` (their versions are another run's),
+carry ``#offline0`` ids and ``replayed``, make up half of the samples while the topic lasts, the
+garbage is dead-lettered, and the processor's offline consumer group commits what it emitted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from astraflow.config import parse_config
+from astraflow.context import ComponentContext
+from astraflow.log import TopicPartition, TopicSpec
+from astraflow.schemas.records import DeadLetter, TrainSample, Trajectory
+from astraflow.streams.native import NativeStreamProcessor
+
+GROUP = 4
+
+
+def trajectory(run: str, group: int, index: int, reward: float, version: int) -> Trajectory:
+    n = 3
+    gid = f"{run}/g{group}"
+    return Trajectory(
+        trajectory_id=f"{gid}/{index}", episode_id=f"{gid}/{index}", group_id=gid, task_id=gid, prompt_id=f"p{group}",
+        policy="main", workflow="math", prompt_ids=np.arange(3, dtype=np.int32), response_ids=np.arange(n, dtype=np.int32),
+        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32), token_versions=np.full(n, version, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8), reward=reward, group_size=GROUP,
+    )
+
+
+def read(ctx: ComponentContext, topic: str, record: type) -> list:
+    consumer = ctx.log.consumer(group_id=None)
+    partitions = [TopicPartition(topic, p) for p in range(ctx.log.describe_topic(topic).partitions)]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(partitions)
+    records = []
+    while any(consumer.lag().values()):
+        records += [ctx.codec.decode(m.value, expect=record) for m in consumer.poll(max_records=10_000, timeout=1.0)]
+    consumer.close()
+    return records
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def ctx(log_target: dict[str, str], tmp_path, unique: str):
+    raw = {
+        "run": f"live{unique}",
+        "log": {"backend": log_target["backend"], "bootstrap": log_target.get("bootstrap", "localhost:9092"), "partitions": 2},
+        "stream": {"max_staleness": 1, "pipeline": [
+            {"op": "staleness"}, {"op": "grpo"}, {"op": "zero_variance"},
+            {"op": "offline", "topic": f"old{unique}.trajectories.main", "weight": 0.5},
+        ]},
+    }
+    context = ComponentContext(parse_config(raw), tmp_path, "stream")
+    yield context
+    context.close()
+
+
+def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: str) -> None:
+    offline_topic = f"old{unique}.trajectories.main"
+    ctx.log.create_topic(TopicSpec(offline_topic, partitions=2))
+    old = f"old{unique}"
+    for g in range(12):  # versions 250+ of the old run: a staleness filter would drop every one
+        rewards = [1.0] * GROUP if g == 5 else [1.0, 0.0, 1.0, 0.0]
+        for i, reward in enumerate(rewards):
+            ctx.producer.send(offline_topic, ctx.codec.encode(trajectory(old, g, i, reward, 250 + g)), key=f"{old}/g{g}".encode(), partition=0)
+        if g == 0:
+            ctx.producer.send(offline_topic, b"\x00garbage", key=f"{old}/g99".encode(), partition=0)
+    live = ctx.topics.trajectories("main")
+    for g in range(6):
+        for i, reward in enumerate([0.0, 1.0, 0.0, 1.0]):
+            ctx.producer.send(live, ctx.codec.encode(trajectory(ctx.config.run, g, i, reward, 0)), key=f"{ctx.config.run}/g{g}".encode())
+    ctx.producer.flush()
+
+    processor = NativeStreamProcessor(ctx, "main")
+    stop = threading.Event()
+    thread = threading.Thread(target=processor.run, args=(stop,))
+    thread.start()
+    try:
+        # 6 fresh groups earn 6 offline groups at weight 0.5
+        wait_for(lambda: len(read(ctx, ctx.topics.samples("main"), TrainSample)) >= 12 * GROUP, 120, "48 samples")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    samples = read(ctx, ctx.topics.samples("main"), TrainSample)
+    offline = [s for s in samples if "#offline" in s.sample_id]
+    assert len(samples) == 12 * GROUP and len(offline) == 6 * GROUP  # exactly half, in whole groups
+    assert all(s.sample_id.endswith("#offline0") and s.replayed and s.trajectory.policy == "main" for s in offline)
+    assert all(f"offline:{offline_topic}" in s.operators and "staleness" not in s.operators[:s.operators.index("grpo")] for s in offline)
+    assert not any(s.sample_id.startswith(f"{old}/g5/") for s in offline)  # the all-equal group was filtered
+    fresh = [s for s in samples if "#offline" not in s.sample_id]
+    assert len({s.sample_id for s in fresh}) == 6 * GROUP and not any(s.replayed for s in fresh)
+    # the offline consumer group committed past the garbage and the emitted groups, not past the end
+    committed = ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main.offline0", {})
+    assert 5 * GROUP < sum(committed.values()) <= 12 * GROUP + 1, committed
+    live_committed = ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main", {})
+    assert sum(live_committed.values()) == 6 * GROUP, live_committed  # and the live topic's, all of it
+    (letter,) = read(ctx, ctx.topics.deadletter(), DeadLetter)
+    assert letter.reason.startswith("undecodable offline trajectory") and letter.payload == b"\x00garbage"

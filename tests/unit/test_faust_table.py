@@ -1,0 +1,102 @@
+"""The faust runtime's table of half-filled groups, and which stream runtime a config picks.
+
+The table is checked without faust or a broker: a dict stands for faust's store, a list for the
+changelog and a dict of offsets for the input partition. Each record's effect on a
+``GroupBuffer`` becomes at most one new entry; a group that completes deletes its entries; and
+a buffer rebuilt from the entries and the records they point at (what a restarted worker does)
+completes the same groups as the buffer it replaces.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from astraflow.config import parse_config
+from astraflow.errors import ConfigError
+from astraflow.schemas.codec import Codec
+from astraflow.streams.faust_table import PendingTable, entry_key
+from astraflow.streams.operators import GroupBuffer
+from astraflow.streams.processing import Arrival
+from tests.unit.test_stream_operators import traj
+
+CODEC = Codec()
+
+
+INPUT: dict[int, bytes] = {}
+"""The input partition: record offset → value."""
+
+
+@pytest.fixture(autouse=True)
+def empty_input() -> None:
+    INPUT.clear()
+
+
+def arrive(table: PendingTable, buffer: GroupBuffer, arrival: Arrival, value: bytes = b"") -> object:
+    """Append one record to the input, and do what the faust runtime does with it: join, then journal."""
+    offset = len(INPUT)
+    INPUT[offset] = value
+    before = table.entries(buffer, 0, arrival.group_id)
+    group = arrival.join(buffer, 0, offset)
+    table.journal(before, table.entries(buffer, 0, arrival.group_id), 0, offset, arrival.group_size)
+    return group
+
+
+def member(group: str, index: int, size: int = 3) -> tuple[Arrival, bytes]:
+    trajectory = traj(group, index, float(index), size=size)
+    return Arrival(group, trajectory.trajectory_id, size, trajectory), CODEC.encode(trajectory)
+
+
+def test_entries_are_written_once_and_deleted_with_their_group() -> None:
+    data, changelog = {}, []
+    table, buffer = PendingTable(data, lambda key, value, partition: changelog.append((key, value))), GroupBuffer()
+    for index in (0, 1):
+        assert arrive(table, buffer, *member("a", index, size=4)) is None
+    assert arrive(table, buffer, *member("a", 1, size=4)) is None  # redelivered: no write
+    assert arrive(table, buffer, Arrival("a", "0@7", 0), b"garbage") is None  # dead-lettered member
+    assert sorted(data) == sorted([entry_key(0, b"m", "a", "a/0"), entry_key(0, b"m", "a", "a/1"), entry_key(0, b"f", "a", "0@7")])
+    assert data[entry_key(0, b"m", "a", "a/1")] == b"1" and data[entry_key(0, b"f", "a", "0@7")] == b"0"  # offset; size
+    assert len(changelog) == 3
+    assert arrive(table, buffer, *member("b", 0)) is None
+    group = arrive(table, buffer, *member("a", 2, size=4))  # the 4th member: 2 trajectories, 1 failed, this one
+    assert group is not None and group.failed == ["0@7"] and [t.trajectory_id for t in group.trajectories] == ["a/0", "a/1", "a/2"]
+    assert list(data) == [entry_key(0, b"m", "b", "b/0")]
+    assert [value for _, value in changelog[-3:]] == [None, None, None]  # a's three entries deleted; a/2 never written
+
+
+def test_a_restored_buffer_completes_the_same_groups() -> None:
+    data: dict[bytes, bytes] = {}
+    table, buffer = PendingTable(data, lambda *write: None), GroupBuffer()
+    arrive(table, buffer, *member("a", 0))
+    arrive(table, buffer, *member("b", 0, size=2))
+    arrive(table, buffer, Arrival("b", "b/1", 2), b"")  # b's second member was dead-lettered: b completes, and goes
+    data[entry_key(1, b"m", "c", "c/0")] = b"0"  # another partition's entry
+    restored = table.restore(0, {offset: INPUT[offset] for offset in table.offsets(0)}, CODEC)
+    assert set(restored.pending) == {"a"} and restored.failed == {}
+    for index in (1, 2):
+        group = arrive(table, restored, *member("a", index))
+    assert group is not None and [t.trajectory_id for t in group.trajectories] == ["a/0", "a/1", "a/2"]
+    assert list(data) == [entry_key(1, b"m", "c", "c/0")]
+
+
+@pytest.mark.parametrize(
+    ("log", "runtime", "expected"),
+    [({}, None, "native"), ({"backend": "kafka", "bootstrap": "h:9092"}, None, "faust"),
+     ({"backend": "kafka", "bootstrap": "h:9092"}, "native", "native"), ({}, "native", "native")],
+)
+def test_the_stream_runtime_defaults_to_faust_on_kafka(log: dict, runtime: str | None, expected: str) -> None:
+    stream = {"runtime": runtime} if runtime else {}
+    assert parse_config({"log": log, "stream": stream}).stream_runtime() == expected
+
+
+def test_faust_on_the_embedded_log_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="stream.runtime: 'faust' runs on Kafka only"):
+        parse_config({"stream": {"runtime": "faust"}})
+
+
+def test_a_member_whose_record_is_gone_makes_its_group_incomplete() -> None:
+    table, buffer = PendingTable({}, lambda *write: None), GroupBuffer()
+    for index in (0, 1):
+        arrive(table, buffer, *member("a", index))
+    restored = table.restore(0, {1: INPUT[1]}, CODEC)  # offset 0 deleted by retention
+    group = arrive(table, restored, *member("a", 2))
+    assert group is not None and group.failed == ["a/0"] and [t.trajectory_id for t in group.trajectories] == ["a/1", "a/2"]
