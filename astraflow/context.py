@@ -23,6 +23,9 @@ from astraflow.schemas.records import DeadLetter, Metric
 from astraflow.topics import RunTopics
 
 logger = logging.getLogger(__name__)
+RECORD_OVERHEAD_BYTES = 1024
+"""What a record costs beyond its value under a topic's ``max_message_bytes``: key, headers, and
+on Kafka the record batch around it."""
 
 
 def now_ms() -> int:
@@ -47,20 +50,37 @@ class ComponentContext:
         self.schemas = LogSchemaStore(self.log)
         self.codec = Codec(self.schemas)
         self.topics = RunTopics(config.run, config.workflow, config.policy_names())
-        self.topics.ensure(self.log, config.log.partitions)
+        self.topics.ensure(self.log, config.log.partitions, config.weights.chunk_bytes)
         self.producer: Producer = self.log.producer()
         self.dead_letters = 0
+        self._record_limits: dict[str, int] = {}
 
     def metric(self, name: str, value: float, step: int, **labels: str) -> None:
         """Queue one metric record (sent with the next flush)."""
         record = Metric(self.component, name, float(value), int(step), now_ms(), {"instance": self.instance, **labels})
         self.producer.send(self.topics.metrics(), self.codec.encode(record), key=self.component.encode())
 
+    def oversize(self, topic: str, value: bytes, headroom: int = 0) -> str | None:
+        """Why ``value`` would be refused by ``topic`` (its ``max_message_bytes``, less the record batch's
+        ``RECORD_OVERHEAD_BYTES`` and ``headroom``), or ``None`` when it fits. Checked before sending,
+        because a refused record fails only the whole flush, later, without saying which record it was."""
+        if topic not in self._record_limits:
+            self._record_limits[topic] = self.log.describe_topic(topic).max_message_bytes
+        limit = self._record_limits[topic] - RECORD_OVERHEAD_BYTES - headroom
+        if len(value) <= limit:
+            return None
+        return f"record of {len(value):,} bytes exceeds the {limit:,} bytes a record of topic {topic!r} may have"
+
     def dead_letter(self, message: Message | None, reason: str, error: BaseException | None = None) -> None:
         """Queue a dead-letter record holding the raw bytes and why they could not be processed."""
+        self.producer.send(self.topics.deadletter(), self.codec.encode(self.dead_letter_record(message, reason, error)))
+
+    def dead_letter_record(self, message: Message | None, reason: str, error: BaseException | None = None) -> DeadLetter:
+        """The dead-letter record for ``message``, counted and logged, for a caller that sends it
+        itself (the faust stream runtime writes it in the transaction of the record it rejects)."""
         self.dead_letters += 1
         logger.warning("dead-lettering a record from %s: %s", message.topic if message else "-", reason)
-        record = DeadLetter(
+        return DeadLetter(
             origin=self.instance,
             reason=reason,
             error_type=type(error).__name__ if error else "",
@@ -71,7 +91,6 @@ class ComponentContext:
             payload=message.value if message else b"",
             created_ms=now_ms(),
         )
-        self.producer.send(self.topics.deadletter(), self.codec.encode(record))
 
     def close(self) -> None:
         self.producer.close()

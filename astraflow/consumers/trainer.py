@@ -10,7 +10,8 @@ Steps of one version (the order is the guarantee):
    the offsets this trainer resumed from (``astraflow audit`` reads which samples were trained).
 4. Publish version v + 1 (chunks, then manifest) to ``{run}.weights.{policy}``: a sparse delta
    against version v in the transfer dtype, or a full version (``weights.*``, ``weights/publish.py``).
-5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint).
+5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint,
+   so a commit that fails, e.g. while the broker restarts, is only logged).
 
 A crash after 2 and before 3 redoes the steps since the last checkpoint from the same samples.
 Because checkpoints precede publishing, a version that readers saw is always a checkpointed one
@@ -25,7 +26,7 @@ import time
 from collections import OrderedDict
 
 from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError
+from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Message, TopicPartition
 from astraflow.consumers.checkpoint import RECALL_WINDOW
 from astraflow.schemas.records import TrainSample
@@ -81,7 +82,7 @@ class Trainer:
 
         from astraflow.consumers.backends import build_backend
         from astraflow.consumers.checkpoint import CheckpointStore
-        from astraflow.consumers.policy_step import PolicyStepConfig, PolicyTrainer
+        from astraflow.consumers.policy_step import PolicyStepConfig
         from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
 
@@ -102,8 +103,10 @@ class Trainer:
             eps_high=cfg.clip_high,
         )
         backend = build_backend(cfg.backend, model, lr=cfg.lr, betas=step_config.betas, weight_decay=cfg.weight_decay,
-                                max_grad_norm=cfg.max_grad_norm, deepspeed=cfg.deepspeed)
-        self.learner = PolicyTrainer(model, self.tokenizer.pad_token_id, step_config, backend=backend)
+                                max_grad_norm=cfg.max_grad_norm, deepspeed=cfg.deepspeed, simulated=cfg.simulated)
+        logger.info("trainer backend %s%s", cfg.backend, f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload "
+                    f"{cfg.deepspeed.offload_optimizer})" if cfg.backend == "deepspeed" else "")
+        self.learner = backend.learner(model, self.tokenizer.pad_token_id, step_config)
         self.checkpoints = CheckpointStore(ctx.run_dir / "checkpoints" / policy)
         restored = self.checkpoints.restore(model, self.learner.optimizer)
         self.learner.version = restored.version if restored else 0
@@ -113,7 +116,7 @@ class Trainer:
         self.resumes = restored.resumes + [dict(restored.offsets)] if restored else []
         if restored:
             logger.info("resumed %s at version %d from offsets %s", policy, restored.version, self.offsets)
-        self.publisher = WeightPublisher(ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights)
+        self.publisher = WeightPublisher(ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights, log=ctx.log)
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
@@ -145,7 +148,10 @@ class Trainer:
                 batch, last = taken
                 self._step(batch, last, waited)
                 waited = 0.0
-                consumer.commit({TopicPartition(topic, last.partition): last.offset + 1})
+                try:
+                    consumer.commit({TopicPartition(topic, last.partition): last.offset + 1})
+                except LogError as exc:  # e.g. the broker restarting: only ``lag`` reads this commit
+                    logger.warning("commit of the trainer's offsets failed (resumption uses the checkpoint): %s", exc)
         finally:
             consumer.close()
 

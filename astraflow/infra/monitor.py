@@ -19,7 +19,7 @@ from pathlib import Path
 
 from astraflow.config import RunConfig
 from astraflow.consumers.producer_stats import ProducerTally
-from astraflow.errors import AstraFlowError
+from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
@@ -105,7 +105,10 @@ class RunMonitor:
         with Dashboard(self, enabled=dashboard) as view:
             while True:
                 self._consume(timeout=REFRESH_S)
-                self._sample_rates()
+                try:
+                    self._sample_rates()
+                except LogError as exc:  # a broker restart: the children still need supervising
+                    self.notes.append(f"log unreachable: {exc}")
                 for child in children:
                     note = child.check()
                     if note:

@@ -1,0 +1,190 @@
+"""Fault injection into a live ``astraflow run``: ``kill -9`` its components, restart its broker.
+
+Used by the reliability test (``tests/e2e/test_faults.py``) and the chaos benchmark
+(``benchmarks/chaos.py``). It touches the run only through what the run exposes to anyone:
+
+- ``run_dir/pids/<child>.pid``: the launcher's pid file of each child (rewritten at a restart);
+- ``run_dir/metrics.jsonl``: the metrics the launcher's monitor appends, read for the trainer's
+  ``train.version`` and the launcher's ``launcher.restarts``.
+
+So it synchronises on observable state: a kill happens once the run published the version the
+schedule names, and counts as survived once the launcher started a new process for that child
+(a new pid in its pid file) and the run then published another version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from astraflow.errors import AstraFlowError
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("train", "stream", "rollout", "feed", "evaluate")
+"""The component kinds of a single-policy run, as named by the launcher's children."""
+
+
+class FaultError(AstraFlowError):
+    """The run did not reach the state a fault schedule waits for in time (or it ended)."""
+
+
+class Broker(Protocol):
+    """What ``restart_broker`` needs: ``LocalKafkaBroker``."""
+
+    def stop(self, timeout: float = 30.0) -> bool: ...
+
+    def start(self, timeout: float = 60.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, as the report lists it."""
+
+    kind: str
+    """A component kind of ``KINDS``, or ``broker``."""
+    target: str
+    """The child name (``rollout-0`` ...) or the broker's bootstrap."""
+    version: int
+    """The run's version when the fault was injected."""
+    at_s: float
+    """Seconds since the injector started."""
+    recovered_s: float
+    """Seconds until the launcher started the replacement (the broker: served again)."""
+
+
+class RunProbe:
+    """Reads a live run's pid files and the new lines of its ``metrics.jsonl``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.version = -1
+        self.restarts: Counter[str] = Counter()
+        """Restarts per component kind, from ``launcher.restarts``."""
+        self._offset = 0
+
+    def pids(self) -> dict[str, int]:
+        """Child name → pid of every child the launcher runs now."""
+        found = {}
+        for path in (self.run_dir / "pids").glob("*.pid"):
+            try:
+                found[path.stem] = int(path.read_text())
+            except (FileNotFoundError, ValueError):
+                continue  # rewritten or removed just now
+        return found
+
+    def refresh(self) -> None:
+        """Take in the metrics appended since the last call (a partial last line waits for the next)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        with path.open("rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            row = json.loads(line)
+            if row["name"] == "train.version":
+                self.version = max(self.version, int(row["value"]))
+            elif row["name"] == "launcher.restarts":
+                self.restarts[row["labels"]["kind"]] += 1
+
+
+class FaultInjector:
+    """Injects faults into the run in ``run_dir`` that ``launcher`` (the ``astraflow run`` process) drives."""
+
+    def __init__(self, run_dir: Path, launcher: subprocess.Popen, seed: int = 0, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
+        self.probe = RunProbe(run_dir)
+        self.launcher = launcher
+        self.rng = random.Random(seed)
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.started = time.monotonic()
+        self.faults: list[Fault] = []
+
+    def wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float | None = None) -> None:
+        """Poll the run until ``ready()``; ``FaultError`` when the run ended or ``timeout_s`` passed."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while True:
+            self.probe.refresh()
+            if ready():
+                return
+            if self.launcher.poll() is not None:
+                raise FaultError(f"the run ended (exit {self.launcher.returncode}) while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise FaultError(f"timed out waiting for {what} (version {self.probe.version}, pids {self.probe.pids()})")
+            time.sleep(self.poll_s)
+
+    def wait_for_version(self, version: int) -> None:
+        self.wait_for(f"version {version}", lambda: self.probe.version >= version)
+
+    def kill(self, kind: str) -> Fault:
+        """SIGKILL one running child of ``kind`` (a random one of several) and wait for its replacement."""
+        self.wait_for(f"a running {kind} child", lambda: any(_kind(name) == kind for name in self.probe.pids()))
+        name, pid = self.rng.choice(sorted((n, p) for n, p in self.probe.pids().items() if _kind(n) == kind))
+        version, at = self.probe.version, time.monotonic()
+        logger.info("kill -9 %s (pid %d) at version %d", name, pid, version)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            logger.info("%s (pid %d) had exited already; the launcher restarts it anyway", name, pid)
+        self.wait_for(f"a new {name} after killing pid {pid}", lambda: self.probe.pids().get(name, pid) != pid)
+        return self._record(Fault(kind, name, version, at - self.started, time.monotonic() - at))
+
+    def restart_broker(self, broker: Broker, bootstrap: str, start_timeout_s: float = 120.0) -> Fault:
+        """Stop the broker (a controlled shutdown) and start it again on the same ports and data."""
+        version, at = self.probe.version, time.monotonic()
+        logger.info("restarting the broker at %s at version %d", bootstrap, version)
+        broker.stop()
+        broker.start(timeout=start_timeout_s)
+        return self._record(Fault("broker", bootstrap, version, at - self.started, time.monotonic() - at))
+
+    def run_schedule(self, schedule: list[str], first_version: int, gaps: tuple[int, int], broker: Broker | None = None,
+                     bootstrap: str = "") -> None:
+        """Inject ``schedule`` (kinds, or ``broker``) in order: the first once ``first_version`` is
+        published, each next one a random ``gaps`` (inclusive) versions after the version reached
+        once the previous fault was recovered from."""
+        target = first_version
+        for kind in schedule:
+            self.wait_for_version(target)
+            if kind == "broker":
+                if broker is None:
+                    raise FaultError("the schedule restarts the broker, but no broker was given")
+                self.restart_broker(broker, bootstrap)
+            else:
+                self.kill(kind)
+            target = max(target, self.probe.version) + self.rng.randint(*gaps)
+
+    def _record(self, fault: Fault) -> Fault:
+        self.faults.append(fault)
+        return fault
+
+    def report(self) -> list[dict]:
+        return [asdict(fault) for fault in self.faults]
+
+
+def _kind(child: str) -> str:
+    """``rollout-3`` → ``rollout``; ``train`` → ``train``."""
+    return child.split("-", 1)[0]
+
+
+def schedule(kills_per_kind: int, broker_restarts: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
+    """A shuffled list of ``kills_per_kind`` kills of each kind, with the broker restarts spread
+    evenly between them (never first or last)."""
+    rng = random.Random(seed)
+    kills = [kind for kind in kinds for _ in range(kills_per_kind)]
+    rng.shuffle(kills)
+    for index in range(broker_restarts, 0, -1):
+        kills.insert(index * len(kills) // (broker_restarts + 1), "broker")
+    return kills
