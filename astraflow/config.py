@@ -17,6 +17,8 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -145,11 +147,35 @@ class OpenAIEngineOptions(_Section):
         return self
 
 
+class SimulatedEngineOptions(_Section):
+    """``simulated``: the time model of one GPU inference replica, for capacity planning (docs/simulated_cluster.md).
+
+    Defaults stand for an 8B model served by vLLM on one H100 (order of magnitude, not a measurement).
+    """
+
+    decode_step_seconds: float = Field(default=0.015, ge=0.0, le=60.0)
+    """Seconds of one decode step (one token for every running sequence) with a single sequence running: reading the weights."""
+    seq_step_seconds: float = Field(default=0.00008, ge=0.0, le=60.0)
+    """Seconds each further running sequence adds to a decode step (reading its KV cache)."""
+    max_concurrency: int = Field(default=256, ge=1, le=65536)
+    """Sequences decoded at once (vLLM's ``max_num_seqs``); the others of a call wait for a free slot."""
+    median_tokens: int = Field(default=600, ge=1, le=10_000_000)
+    """Median response length in tokens (lognormal, cut at ``rollout.max_new_tokens``)."""
+    p99_over_p50: float = Field(default=8.0, ge=1.0, le=1000.0)
+    """Tail of the response lengths: p99 over the median (8: reasoning-model-like; 1: every response is ``median_tokens`` long)."""
+    accuracy: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Chance that a response to an arithmetic prompt (``12+35=``, or ``12+35=47?`` for a judge) starts with the right answer; other prompts get filler, scored 0."""
+    load_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
+    """Seconds to apply a new weight version between two generations."""
+    time_scale: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Wall seconds slept per simulated second (0.1: a 77 s iteration takes 7.7 s); must equal ``train.simulated.time_scale`` when both are simulated."""
+
+
 class EngineConfig(_Section):
     """What rollout producers generate with (``astraflow.producers.engines``)."""
 
-    type: Literal["torch", "vllm", "openai"] = "torch"
-    """``torch``: transformers + our sampler, CPU or GPU; ``vllm``: vLLM in the producer process (GPU); ``openai``: any OpenAI-compatible server that returns token ids and log-probs."""
+    type: Literal["torch", "vllm", "openai", "simulated"] = "torch"
+    """``torch``: transformers + our sampler, CPU or GPU; ``vllm``: vLLM in the producer process (GPU); ``openai``: any OpenAI-compatible server that returns token ids and log-probs; ``simulated``: no model, token ids and log-probs of the right shapes after the time of ``simulated`` (capacity planning)."""
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     """``torch``: where the model runs; ``auto``: a CUDA GPU when one is visible."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
@@ -158,6 +184,7 @@ class EngineConfig(_Section):
     """Encode each prompt as one user turn of the tokenizer's chat template, when the tokenizer has one."""
     vllm: VllmEngineOptions = VllmEngineOptions()
     openai: OpenAIEngineOptions = OpenAIEngineOptions()
+    simulated: SimulatedEngineOptions = SimulatedEngineOptions()
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> "EngineConfig":
@@ -272,6 +299,8 @@ class StreamConfig(_Section):
     """Operators in dataflow order: group operators, then mixers, then at most one ordering."""
     curator: CuratorSpec = AcceptAllCurator()
     """Which prompts the task feeder submits, from the PromptStats on the feedback topic."""
+    runtime: Literal["native", "faust"] | None = None
+    """What runs the pipeline: ``native`` (any log) or ``faust`` (Kafka only: faust agents, half-filled groups in a changelog-backed table, exactly-once through Kafka transactions); unset: faust on Kafka, native on the embedded log."""
 
     @model_validator(mode="after")
     def _pipeline_is_runnable(self) -> "StreamConfig":
@@ -321,6 +350,26 @@ class DeepSpeedOptions(_Section):
         return self
 
 
+class SimulatedTrainerOptions(_Section):
+    """``simulated``: the time model of one trainer, for capacity planning (docs/simulated_cluster.md).
+
+    A step takes ``step_seconds + Σ (sample_seconds + tokens · token_seconds) / devices`` over its
+    samples (prompt and response tokens), slept at ``time_scale``; the weights stay the base's and are
+    published as usual. Defaults stand for an 8B model on H100s (order of magnitude, not a measurement).
+    """
+
+    devices: int = Field(default=2, ge=1, le=65536)
+    """GPUs the trainer stands for (data parallel, ideal scaling)."""
+    sample_seconds: float = Field(default=0.0, ge=0.0, le=3600.0)
+    """Seconds of one sample on one device, whatever its length."""
+    token_seconds: float = Field(default=0.00016, ge=0.0, le=60.0)
+    """Seconds of one token on one device: forward and backward, and the forward that scores the old log-probs."""
+    step_seconds: float = Field(default=1.0, ge=0.0, le=3600.0)
+    """Seconds of each step whatever its size: optimizer update, gradient all-reduce."""
+    time_scale: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Wall seconds slept per simulated second; must equal ``engine.simulated.time_scale`` when both are simulated."""
+
+
 class TrainConfig(_Section):
     batch_samples: int = Field(default=256, ge=1)
     """Samples (responses) per optimizer step; groups are never split across steps."""
@@ -344,12 +393,15 @@ class TrainConfig(_Section):
     """Versions between atomic checkpoints (model, optimizer, consumed offsets, version)."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the trainer process."""
-    backend: Literal["torch", "deepspeed"] = "torch"
-    """Optimizer backend: ``torch`` (AdamW in this process) or ``deepspeed`` (ZeRO, ``train.deepspeed``; on CPU with gloo)."""
+    backend: Literal["torch", "deepspeed", "simulated"] = "torch"
+    """Optimizer backend: ``torch`` (AdamW in this process), ``deepspeed`` (ZeRO, ``train.deepspeed``; on CPU with gloo) or ``simulated`` (no compute: each step takes the time of ``train.simulated``; capacity planning)."""
     deepspeed: DeepSpeedOptions = DeepSpeedOptions()
+    simulated: SimulatedTrainerOptions = SimulatedTrainerOptions()
 
 
 class EvalConfig(_Section):
+    enabled: bool = True
+    """Start the evaluators (each policy's, and the system evaluator) with ``astraflow run``; off for a simulated cluster, which has no model to score."""
     every_versions: int = Field(default=1, ge=1)
     """Evaluate at most once per this many versions (the newest version wins when behind)."""
     threads: int = Field(default=1, ge=1, le=256)
@@ -363,8 +415,23 @@ class WeightsConfig(_Section):
     """``delta``: sparse deltas of the changed elements against the previous version; ``full``: every version whole."""
     full_sync_interval: int = Field(default=10, ge=1)
     """With ``delta``: publish a full version at least every this many versions (and the first one), so readers that missed a delta resync."""
-    chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=4 * 1024 * 1024)
-    """Payload bytes per chunk record; at most 4 MiB, the size the weights topic's ``max.message.bytes`` is set for."""
+    chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=32 * 1024 * 1024)
+    """Payload bytes per chunk (record or stored file); the weights topic's ``max.message.bytes`` is created to fit, at most 32 MiB (Kafka clients take records up to 64 MiB)."""
+    transport: Literal["inline", "store"] = "inline"
+    """``inline``: chunks travel on the weights topic; ``store``: chunks go to ``store`` and the topic carries only manifests (claim check)."""
+    store: str | None = Field(default=None, validate_default=True)
+    """With ``transport: store``: a directory or ``file://`` URI that every reader of the weights can also reach (a relative path resolves against the trainer's working directory; manifests carry the absolute URI)."""
+    keep_versions: int | None = Field(default=None, ge=1)
+    """Keep only the newest this many versions (plus the full version their deltas start from): older records are deleted from the topic, older stored chunks from the store; ``None`` keeps all."""
+
+    @field_validator("store")
+    @classmethod
+    def _store_is_reachable(cls, store: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("transport") == "store" and not store:
+            raise ValueError("transport 'store' needs a directory or file:// URI for the chunks")
+        if store and "://" in store and not store.startswith("file://"):
+            raise ValueError(f"{store!r} is not a directory or file:// URI (no other object stores are supported)")
+        return store
 
 
 class StopConfig(_Section):
@@ -436,16 +503,21 @@ class PolicyConfig(_Section):
     """Overrides of ``stream`` (this policy's pipeline and staleness bound)."""
     rollout: PolicyRolloutConfig | None = None
     """Overrides of ``rollout.group_size``, ``max_new_tokens`` and ``temperature``."""
+    engine: EngineConfig | None = None
+    """Overrides of ``engine`` (e.g. a shorter ``simulated.median_tokens`` for a judge's turns)."""
 
     @model_serializer(mode="wrap")
     def _only_written(self, handler: SerializerFunctionWrapHandler) -> dict:
         """The saved config keeps only the fields written, so it loads again with the same inheritance."""
         data = handler(self)
-        written = {}
-        for name in self.model_fields_set:
-            value = getattr(self, name)
-            written[name] = {k: v for k, v in data[name].items() if k in value.model_fields_set} if isinstance(value, BaseModel) else data[name]
-        return written
+        return {name: _written(getattr(self, name), data[name]) for name in self.model_fields_set}
+
+
+def _written(value: object, dumped: object) -> object:
+    """``dumped`` (the serialised ``value``) cut to the fields written, at every depth."""
+    if not isinstance(value, BaseModel) or not isinstance(dumped, dict):
+        return dumped
+    return {name: _written(getattr(value, name), dumped[name]) for name in value.model_fields_set if name in dumped}
 
 
 def _merged(base: BaseModel, override: BaseModel | None, where: str) -> BaseModel:
@@ -453,7 +525,10 @@ def _merged(base: BaseModel, override: BaseModel | None, where: str) -> BaseMode
     if override is None:
         return base
     data = {name: getattr(base, name) for name in base.model_fields_set}
-    data.update({name: getattr(override, name) for name in override.model_fields_set})
+    for name in override.model_fields_set:
+        value, inherited = getattr(override, name), getattr(base, name)
+        nested = isinstance(value, BaseModel) and type(value) is type(inherited)
+        data[name] = _merged(inherited, value, f"{where}.{name}") if nested else value
     try:
         return type(base).model_validate(data)
     except ValidationError as exc:
@@ -472,11 +547,11 @@ class RunConfig(_Section):
     policy: str = Field(default="main", pattern=r"^[A-Za-z0-9_-]+$")
     """Name of the trained policy (with ``policies``: the policy this config was narrowed to by ``for_policy``)."""
     role: Role = "answer"
-    """What the policy produces: ``answer`` (the task's answer) or ``judge`` (``1``/``0`` for ``<prompt><answer>?``: is the answer right). Picks its warm-up data and held-out evaluation."""
+    """What the policy produces: ``answer`` (the task's answer) or ``judge`` (a verdict on claims ``<prompt><candidate>?``, given by writing its own answer). Picks its warm-up data and held-out evaluation."""
     mode: Literal["async", "lockstep"] = "async"
     """``async``: rollout runs ahead of training within each policy's ``stream.max_staleness``; ``lockstep``: on-policy, max_staleness 0 everywhere, and the feeder releases the next batch only once every trainer published the version trained on the previous one."""
     policies: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")], PolicyConfig] | None = None
-    """Several policies trained together: name → overrides of ``role``, ``model``, ``warmup``, ``train``, ``stream`` and ``rollout`` (group_size, max_new_tokens, temperature); unset: the single ``policy``."""
+    """Several policies trained together: name → overrides of ``role``, ``model``, ``warmup``, ``train``, ``stream``, ``engine`` and ``rollout`` (group_size, max_new_tokens, temperature), merged field by field; unset: the single ``policy``."""
     workflow: str = Field(default="math", pattern=r"^[A-Za-z0-9_-]+$")
     """Name of the rollout workflow."""
     log: LogConfig = LogConfig()
@@ -493,6 +568,14 @@ class RunConfig(_Section):
     stop: StopConfig = StopConfig()
     scaler: ScalerConfig = ScalerConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lockstep_is_on_policy(cls, raw: object) -> object:
+        """In ``mode: lockstep`` an unset ``stream.max_staleness`` is 0, so the saved config loads again."""
+        if isinstance(raw, dict) and raw.get("mode") == "lockstep" and isinstance(raw.get("stream", {}), dict):
+            raw = {**raw, "stream": {"max_staleness": 0, **raw.get("stream", {})}}
+        return raw
+
     @model_validator(mode="after")
     def _policies_are_runnable(self) -> "RunConfig":
         if self.policies is not None and not self.policies:
@@ -503,11 +586,28 @@ class RunConfig(_Section):
             if self.mode == "lockstep" and "max_staleness" in stream.model_fields_set and stream.max_staleness:
                 raise ValueError(f"{where}.max_staleness: must be 0 (or unset) in mode 'lockstep'")
             self.for_policy(name)
+        for name in self.policy_names():
+            narrowed = self.for_policy(name)
+            engine, train = narrowed.engine, narrowed.train
+            if engine.type == train.backend == "simulated" and engine.simulated.time_scale != train.simulated.time_scale:
+                raise ValueError(f"engine.simulated.time_scale ({engine.simulated.time_scale}) and train.simulated.time_scale "
+                                 f"({train.simulated.time_scale}) of policy {name!r} must be equal, or the simulated cluster runs at two speeds")
         if self.rollout.workflow == "solver_verifier":
             roles = sorted(self.for_policy(name).role for name in self.policy_names())
             if roles != ["answer", "judge"]:
                 raise ValueError(f"policies: workflow 'solver_verifier' needs one policy with role 'answer' and one with role 'judge', got roles {roles}")
         return self
+
+    @model_validator(mode="after")
+    def _stream_runtime_fits_the_log(self) -> "RunConfig":
+        for name in self.policy_names():
+            if self.log.backend == "embedded" and self.for_policy(name).stream.runtime == "faust":
+                raise ValueError("stream.runtime: 'faust' runs on Kafka only (log.backend: kafka); use 'native' on the embedded log")
+        return self
+
+    def stream_runtime(self) -> str:
+        """The stream runtime this (narrowed) config runs: ``stream.runtime``, else faust on Kafka, native on the embedded log."""
+        return self.stream.runtime or ("faust" if self.log.backend == "kafka" else "native")
 
     def policy_names(self) -> tuple[str, ...]:
         """The trained policies, in declaration order."""
@@ -532,6 +632,7 @@ class RunConfig(_Section):
             "train": _merged(self.train, override.train, f"{where}.train"),
             "stream": stream,
             "rollout": rollout,
+            "engine": _merged(self.engine, override.engine, f"{where}.engine"),
         })
 
 

@@ -4,12 +4,14 @@ One place decides every topic's partitions and limits so that all components, on
 create and read the same layout. The weights topic has two partitions on purpose: manifests go to
 partition 0 and payload chunks to partition 1, so components that only need the trainer's current
 version (feeder back-pressure, staleness filter) read the small manifests and never the chunks.
+Its records may be as large as ``weights.chunk_bytes`` plus 1 MiB of headroom for the envelope.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from astraflow.errors import ConfigError
 from astraflow.log import Log, TopicSpec
 
 WEIGHTS_MANIFEST_PARTITION = 0
@@ -62,7 +64,16 @@ class RunTopics:
             ]
         return specs
 
-    def ensure(self, log: Log, partitions: int) -> None:
-        """Create whatever topics of the run do not exist yet (idempotent, safe from any process)."""
-        for spec in self.specs(partitions):
+    def ensure(self, log: Log, partitions: int, chunk_bytes: int = 4 * MiB) -> None:
+        """Create whatever topics of the run do not exist yet (idempotent, safe from any process).
+
+        A weights topic that already exists with records too small for ``chunk_bytes`` chunks is a
+        ``ConfigError``: its limit is fixed at creation, and every publish would fail otherwise.
+        """
+        for spec in self.specs(partitions, chunk_bytes):
             log.create_topic(spec, exist_ok=True)
+            if spec.name in {self.weights(policy) for policy in self.policies}:
+                limit = log.describe_topic(spec.name).max_message_bytes
+                if limit < spec.max_message_bytes:
+                    raise ConfigError(f"weights.chunk_bytes: {chunk_bytes} needs records of {spec.max_message_bytes} bytes, but topic "
+                                      f"{spec.name!r} exists with max.message.bytes {limit}; lower chunk_bytes or recreate the topic")

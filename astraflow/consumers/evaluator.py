@@ -1,6 +1,9 @@
 """Evaluator consumer: held-out greedy exact match of each new weight version → metrics topic.
 
-A ``role: judge`` policy is scored by its verdicts instead (``judge_reward`` on judging rows).
+A ``role: judge`` policy is scored by its verdicts instead (``judge_reward`` on judging rows). A
+multi-turn workflow (``search``, ``code``, ``rooms``, ``http_env``) is scored by the mean reward
+of one greedy episode per held-out row, played in the run's own environments by the loop the
+rollout producers use (``models.evaluation.evaluate_episodes``): for 0/1 rewards, the success rate.
 
 It follows the weights topic like a rollout producer does (its own follower, no group), so it can
 attach to a run at any time. When training outruns evaluation, the newest version wins: versions
@@ -37,25 +40,41 @@ class Evaluator:
         self.model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
         self.heldout = load_policy_split(ctx.config, ctx.run_dir, "heldout")
         self.last_evaluated = -1
+        self.score = self._scorer()
+
+    def _scorer(self):
+        """What one evaluation computes: ``score()`` → held-out accuracy (or success rate) of ``self.model``."""
+        from astraflow.envs.catalog import is_multi_turn
+
+        config = self.ctx.config
+        r = config.rollout
+        if is_multi_turn(r.workflow):
+            from astraflow.envs.catalog import open_environments
+            from astraflow.envs.episodes import AgentLimits
+            from astraflow.models.evaluation import evaluate_episodes
+
+            make_env = open_environments(r.workflow, r.reward, config.agent, self.ctx.run_dir / "data")
+            limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
+            return lambda: evaluate_episodes(self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow)
+        from astraflow.models.evaluation import evaluate_exact_match
+        from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
+
+        reward = judge_reward if config.role == "judge" else exact_match_reward
+        return lambda: evaluate_exact_match(self.model, self.tokenizer, self.heldout, max_new_tokens=r.max_new_tokens, reward=reward)
 
     def due(self, version: int) -> bool:
         every = self.ctx.config.eval.every_versions
         return version - self.last_evaluated >= every
 
     def evaluate(self, version: int, state: dict) -> float:
-        from astraflow.models.evaluation import evaluate_exact_match
-
         started = time.perf_counter()
         self.model.load_state_dict(state)
-        from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
-
-        reward = judge_reward if self.ctx.config.role == "judge" else exact_match_reward
-        accuracy = evaluate_exact_match(self.model, self.tokenizer, self.heldout, max_new_tokens=self.ctx.config.rollout.max_new_tokens, reward=reward)
+        accuracy = self.score()
         self.last_evaluated = version
         self.ctx.metric("eval.accuracy", accuracy, version, policy=self.policy)
         self.ctx.metric("eval.seconds", time.perf_counter() - started, version, policy=self.policy)
         self.ctx.producer.flush()
-        logger.info("version %d: held-out exact match %.3f", version, accuracy)
+        logger.info("version %d: held-out accuracy %.3f", version, accuracy)
         return accuracy
 
     def run(self, stop: threading.Event) -> None:

@@ -189,7 +189,7 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     dump_config(config, config_path)
     topics = RunTopics(config.run, config.workflow, (config.policy,))
     log = open_run_log(config, run_dir)
-    topics.ensure(log, config.log.partitions)
+    topics.ensure(log, config.log.partitions, config.weights.chunk_bytes)
     target = topics.trajectories(config.policy)
     held = sum(log.end_offsets(target).values())
     if held:

@@ -176,6 +176,16 @@ class Log(ABC):
         """Per partition, the offset the next appended record will get."""
 
     @abstractmethod
+    def delete_records(self, topic: str, before: dict[int, int]) -> None:
+        """Delete, per partition given, every record below its offset (Kafka's DeleteRecords).
+
+        The partition's start moves up; kept records keep their offsets, and a reader positioned
+        below the new start continues from it. Used to cut a topic back to the records still needed
+        (``weights.keep_versions``). ``TopicNotFoundError`` for a missing topic, ``LogError`` for an
+        unknown partition or an offset past the partition's end.
+        """
+
+    @abstractmethod
     def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         """Read-only: every consumer group's committed next-offset per partition (groups that never
         committed are absent). Analysis tools compute a group's lag from it without joining it."""

@@ -131,6 +131,22 @@ class KafkaLog(Log):
                     raise LogError(f"reading end offsets of {topic!r} failed: {err.str()}") from exc
                 time.sleep(0.1)
 
+    def delete_records(self, topic: str, before: dict[int, int]) -> None:
+        negative = {partition: offset for partition, offset in before.items() if offset < 0}
+        if negative:  # librdkafka would read -1 as "the end": delete everything
+            raise LogError(f"cannot delete records of {topic} below negative offsets {negative}")
+        self._metadata(topic)  # TopicNotFoundError, rather than librdkafka's "no leaders found"
+        requests = [RdPartition(topic, partition, offset) for partition, offset in before.items()]
+        if not requests:
+            return
+        futures = self._admin.delete_records(requests, request_timeout=_TIMEOUT_S, operation_timeout=_TIMEOUT_S)
+        for rd, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                err = exc.args[0]
+                raise LogError(f"deleting records of {topic}:{rd.partition} below offset {rd.offset} failed: {err.str()}") from exc
+
     def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         """One offsets request per group: the admin API answers for a single group at a time."""
         try:

@@ -10,7 +10,8 @@ Steps of one iteration (what makes it lose nothing):
 3. Run the configured ``Workflow`` on the batch (``workflows.py``: generation, turns, rewards; a
    task whose reward raises is dead-lettered, never given a silent zero), and send its
    Trajectory records keyed by group id. Trajectory ids are ``{task_id}/{sample}``: deterministic,
-   so a task redone after a crash yields the same ids and the stream drops the duplicates.
+   so a task redone after a crash yields the same ids and the stream drops the duplicates. A task
+   with a trajectory over its topic's record limit is dead-lettered whole (``send_outcome``).
 4. Flush (every trajectory acknowledged), and only then commit the task offsets.
 
 The producer holds one engine and one ``WeightFollower`` per policy the workflow involves, and
@@ -41,12 +42,15 @@ import time
 import numpy as np
 
 from astraflow.context import ComponentContext, now_ms
-from astraflow.errors import AstraFlowError, LogError
-from astraflow.producers.workflows import Provenance, build_run_workflow
-from astraflow.schemas.records import RolloutTask
+from astraflow.errors import AstraFlowError, LogError, RecordTooLargeError
+from astraflow.producers.workflows import Provenance, TaskOutcome, build_run_workflow
+from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
+SAMPLE_HEADROOM_BYTES = 4096
+"""Room a trajectory leaves under its topic's record limit for what the stream processor adds to make
+it a TrainSample (advantage, ids, operator names), so a trajectory that fits yields a sample that fits."""
 CATCH_UP_SECONDS = 60.0
 """How long to wait for a first weight version, and between "still catching up" warnings."""
 
@@ -59,13 +63,16 @@ class RolloutProducer:
 
         from astraflow.models.base import base_checkpoint_path
         from astraflow.producers.engines import build_engine
+        from astraflow.tasks.datasets import load_task_split
 
         cfg = ctx.config
         torch.set_num_threads(cfg.rollout.threads)
         self.ctx = ctx
         self.provenance = Provenance(ctx.instance, region, hardware or f"cpu:{platform.machine()}x{cfg.rollout.threads}")
         self.workflow = build_run_workflow(cfg, ctx.run_dir / "data")
-        self.engines = {policy: build_engine(cfg.engine, base_checkpoint_path(cfg.for_policy(policy), ctx.run_dir)) for policy in self.workflow.policies}
+        load_task_split(cfg.task, ctx.run_dir, "train")  # some environments read the task's data (the search corpus)
+        self.workflow.open()
+        self.engines = {policy: build_engine(cfg.for_policy(policy).engine, base_checkpoint_path(cfg.for_policy(policy), ctx.run_dir)) for policy in self.workflow.policies}
         self.trajectories = {policy: 0 for policy in self.engines}
         self.busy_seconds = 0.0
 
@@ -151,12 +158,8 @@ class RolloutProducer:
         outcomes = self.workflow.run_batch(self.engines, tasks, self.provenance)
         rewards: dict[str, list[float]] = {policy: [] for policy in self.engines}
         for outcome in outcomes:
-            if outcome.error is not None:
-                ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {outcome.error}", outcome.error)
-                continue
-            for trajectory in outcome.trajectories:
+            for trajectory in send_outcome(ctx, outcome):
                 rewards[trajectory.policy].append(trajectory.reward)
-                ctx.producer.send(ctx.topics.trajectories(trajectory.policy), ctx.codec.encode(trajectory), key=trajectory.group_id.encode())
         elapsed = max(time.perf_counter() - started, 1e-6)
         self.busy_seconds += elapsed
         where = {"region": self.provenance.region, "hardware": self.provenance.hardware}
@@ -170,3 +173,25 @@ class RolloutProducer:
             ctx.metric("rollout.version_lag", max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
                 ctx.metric("rollout.mean_reward", float(np.mean(values)), version, **labels)
+
+
+def send_outcome(ctx: ComponentContext, outcome: TaskOutcome) -> list[Trajectory]:
+    """Send a task's trajectories to their policies' topics and return them; or dead-letter the task
+    (its workflow failed, or one of its trajectories is over its topic's record limit) and return none.
+
+    A task is dead-lettered whole so that no group waits for a member that never comes, and an
+    over-size trajectory never reaches the flush, where it would fail the batch at every restart.
+    """
+    if outcome.error is not None:
+        ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {outcome.error}", outcome.error)
+        return []
+    records = [(trajectory, ctx.codec.encode(trajectory)) for trajectory in outcome.trajectories]
+    for trajectory, value in records:
+        too_large = ctx.oversize(ctx.topics.trajectories(trajectory.policy), value, SAMPLE_HEADROOM_BYTES)
+        if too_large is not None:
+            reason = f"trajectory {trajectory.trajectory_id}: {too_large}"
+            ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {reason}", RecordTooLargeError(reason))
+            return []
+    for trajectory, value in records:
+        ctx.producer.send(ctx.topics.trajectories(trajectory.policy), value, key=trajectory.group_id.encode())
+    return [trajectory for trajectory, _ in records]

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from astraflow.envs.episodes import Transcript
 from astraflow.errors import ConfigError, RewardError
-from astraflow.schemas.records import RolloutTask, Trajectory, Turn
+from astraflow.schemas.records import RolloutTask, Trajectory
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,6 +59,10 @@ class Workflow(ABC):
     def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
         """One outcome per task, in task order."""
 
+    def open(self) -> None:
+        """Open what every episode shares (a search index, a sandbox), so a producer fails at start-up
+        rather than on its first batch when it cannot; workflows that share nothing do nothing."""
+
     def groups_per_task(self, policy: str) -> int:
         """Groups of ``policy``'s trajectories one task yields (the feeder's back-pressure counts them)."""
         return 1
@@ -86,41 +91,53 @@ class SingleTurnWorkflow(Workflow):
                     t0 = time.perf_counter()
                     reward = score(self.reward, generation.text, task.reference)
                     reward_ms = (time.perf_counter() - t0) * 1000
-                    outcome.trajectories.append(self._trajectory(task, index, generation, reward, engine.version, generate_ms, reward_ms, provenance))
+                    transcript = Transcript(generation.prompt_ids)
+                    transcript.append(generation.response_ids, generation.logprobs, engine.version, "policy")
+                    outcome.trajectories.append(make_trajectory(task, index, self.policy, transcript, {"reward": reward}, generation.finish_reason,
+                                                                generation.text, provenance, generate_ms=generate_ms, reward_ms=reward_ms))
             except RewardError as exc:
                 outcome.trajectories, outcome.error = [], exc
             outcomes.append(outcome)
         return outcomes
 
-    def _trajectory(self, task: RolloutTask, index: int, gen, reward: float, version: int, generate_ms: float, reward_ms: float, provenance: Provenance) -> Trajectory:
-        n = len(gen.response_ids)
-        trajectory_id = f"{task.task_id}/{index}"
-        return Trajectory(
-            trajectory_id=trajectory_id,
-            episode_id=trajectory_id,
-            group_id=task.group_id,
-            task_id=task.task_id,
-            prompt_id=task.prompt_id,
-            policy=self.policy,
-            workflow=task.workflow,
-            prompt_ids=gen.prompt_ids,
-            response_ids=gen.response_ids,
-            behaviour_logprobs=gen.logprobs,
-            token_versions=np.full(n, version, dtype=np.int32),
-            loss_mask=np.ones(n, dtype=np.uint8),
-            reward=float(reward),
-            reward_components={"reward": float(reward)},
-            turns=[Turn("policy", 0, n, version)],
-            response_text=gen.text,
-            finish_reason=gen.finish_reason,
-            group_size=task.group_size,
-            producer_id=provenance.producer_id,
-            region=provenance.region,
-            hardware=provenance.hardware,
-            generate_ms=generate_ms,
-            reward_ms=reward_ms,
-            created_ms=int(time.time() * 1000),
-        )
+
+def make_trajectory(task: RolloutTask, index: int, policy: str, transcript: Transcript, components: dict[str, float], finish_reason: str,
+                    text: str, provenance: Provenance, *, generate_ms: float, reward_ms: float) -> Trajectory:
+    """The Trajectory of sample ``index`` of ``task``: every workflow builds its records here.
+
+    ``transcript`` holds the response turn by turn, as sampled (``astraflow.envs.episodes``);
+    ``components`` the named rewards, the scalar under ``"reward"``; ``text`` the response as
+    people read it. The id ``{task_id}/{index}`` is deterministic, so a task redone after a crash
+    yields the same ids (the stream drops the duplicates).
+    """
+    response_ids, logprobs, versions, mask = transcript.arrays()
+    trajectory_id = f"{task.task_id}/{index}"
+    return Trajectory(
+        trajectory_id=trajectory_id,
+        episode_id=trajectory_id,
+        group_id=task.group_id,
+        task_id=task.task_id,
+        prompt_id=task.prompt_id,
+        policy=policy,
+        workflow=task.workflow,
+        prompt_ids=np.asarray(transcript.prompt_ids, dtype=np.int32),
+        response_ids=response_ids,
+        behaviour_logprobs=logprobs,
+        token_versions=versions,
+        loss_mask=mask,
+        reward=float(components["reward"]),
+        reward_components=dict(components),
+        turns=list(transcript.turns),
+        response_text=text,
+        finish_reason=finish_reason,
+        group_size=task.group_size,
+        producer_id=provenance.producer_id,
+        region=provenance.region,
+        hardware=provenance.hardware,
+        generate_ms=generate_ms,
+        reward_ms=reward_ms,
+        created_ms=int(time.time() * 1000),
+    )
 
 
 def score(reward: Callable[[str, str], float], text: str, reference: str) -> float:
@@ -146,14 +163,14 @@ def reward_function(name: str) -> Callable[[str, str], float]:
 
 
 def build_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, temperature: float, agent: AgentConfig | None = None, data_dir: Path | None = None) -> Workflow:
-    """The workflow named by ``rollout.workflow``; the multi-turn ones (``agent_workflows.py``) also
+    """The workflow named by ``rollout.workflow``; the multi-turn ones (``multiturn.py``) also
     read the ``agent`` section and the run's data directory (where the task wrote its corpus)."""
     if kind == "single_turn":
         return SingleTurnWorkflow(policy, reward_function(reward), max_new_tokens, temperature)
     from astraflow.config import AgentConfig
-    from astraflow.producers.agent_workflows import build_agent_workflow
+    from astraflow.producers.multiturn import build_multi_turn_workflow
 
-    return build_agent_workflow(kind, policy, reward, max_new_tokens, temperature, agent or AgentConfig(), data_dir)
+    return build_multi_turn_workflow(kind, policy, reward, max_new_tokens, temperature, agent or AgentConfig(), data_dir)
 
 
 def build_run_workflow(config: RunConfig, data_dir: Path | None = None) -> Workflow:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ VALUES = {
 }
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 CORPUS_FILE = "corpus.jsonl"
+SEARCH_SHARE = 0.25
+"""Share of the warm-up demonstrations that search before answering (``demonstration``)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,22 @@ class Fact:
 
     def problem(self) -> Problem:
         return Problem(prompt_id=f"fact-{self.doc_id}", prompt=f"{self.attribute} of {self.entity}?\n", answer=self.value)
+
+
+def demonstration(problem: Problem) -> list[str]:
+    """The policy turns the warm-up shows for ``problem``: search, then answer with what was found,
+    for a ``SEARCH_SHARE`` of the rows; an answer without searching (a guess among the attribute's
+    values, right 1 time in 8) for the others.
+
+    So the base model knows the call syntax and how to copy a found value, but answers from
+    "memory" most of the time, as base LLMs under-use their tools; greedy decoding then guesses
+    on every question. What RL has to learn is to search first, and to copy exactly.
+    """
+    attribute, entity = problem.prompt.strip().rstrip("?").split(" of ")
+    draw = zlib.crc32(problem.prompt_id.encode())
+    if draw % 1000 < SEARCH_SHARE * 1000:
+        return [f"search({entity} {attribute})", f"answer({problem.answer})"]
+    return [f"answer({VALUES[attribute][(draw // 1000) % len(VALUES[attribute])]})"]
 
 
 def entity_names(rng: random.Random, count: int) -> list[str]:

@@ -37,6 +37,11 @@ def parse_reference(reference: str) -> tuple[list[Test], str]:
     return [Test(str(t["input"]), str(t["output"])) for t in data["tests"]], str(data.get("solution", ""))
 
 
+def demonstration(problem: Problem) -> list[str]:
+    """The policy turns of a perfect episode (the warm-up's demonstration): the reference solution."""
+    return [parse_reference(problem.answer)[1]]
+
+
 def program_problems(seed: int, heldout_size: int) -> tuple[list[Problem], list[Problem]]:
     """Every (family, parameters) problem, with seeded test inputs, split into (train, held-out)."""
     rng = random.Random(seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from astraflow.envs.rooms import RoomsEnv, RoomsLayout
+from astraflow.envs.rooms import RoomsEnv, RoomsLayout, layout_from_reference
 from astraflow.tasks.arithmetic import Problem
 
 
@@ -22,3 +22,10 @@ def room_problems(seed: int, heldout_size: int, games: int = 2000, size: int = 3
         prompt = RoomsEnv(RoomsLayout.generate(layout_seed, size)).reset()
         problems.append(Problem(prompt_id=f"rooms-{size}-{layout_seed}", prompt=prompt, answer=json.dumps({"seed": layout_seed, "size": size})))
     return problems[heldout_size:], problems[:heldout_size]
+
+
+def demonstration(problem: Problem) -> list[str]:
+    """The policy turns of a perfect episode (the warm-up's demonstration): the shortest path to
+    the key. It walks straight there, which the policy, seeing one room at a time, cannot know;
+    the warm-up teaches the move syntax and a prior, RL the exploring."""
+    return [f"go({direction})" for direction in layout_from_reference(problem.answer).shortest_path()]

@@ -3,19 +3,27 @@
 ``WeightFollower`` runs one thread with its own consumer (no group: every follower sees every
 version). With ``payload=False`` it reads only the manifest partition, which is all that the
 feeder and the staleness filter need to know the trainer's version. With ``payload=True`` it also
-reads the chunks, assembles a version once its manifest and every chunk are in hand (chunks are
-grouped by version *and* sha256, since a restarted trainer may republish a version with other
-bytes), verifies the sha256, and keeps it as *pending* until the owner takes it between two generations; a version
-with a bad checksum or a malformed payload is logged, counted (``corrupt_versions``) and skipped,
-never applied.
+reads the chunks (or, for a manifest with a ``store_uri``, fetches them from the store), assembles
+a version once its manifest and every chunk are in hand (chunks are grouped by version *and*
+sha256, since a restarted trainer may republish a version with other bytes), verifies the sha256
+and checks every tensor section against the layout it applies to. A version that is missing,
+fails its checksum or is malformed is logged, counted (``corrupt_versions``) and skipped, never
+applied.
 
-Deltas: the follower keeps the state of the version it assembled last (transfer dtype) and applies
-a delta only when that is exactly the delta's base (``base_version`` and ``base_sha256``). A
-delta whose base it does not hold (it missed a version, rejected a corrupt one, or the trainer
-restarted from an older checkpoint) is logged, counted (``skipped_deltas``) and skipped; the
-follower keeps its version until the next full one, which the trainer sends at least every
-``weights.full_sync_interval`` versions. Handed-out state dicts are never written to afterwards:
-a delta builds new tensors for the changed ones and shares the unchanged ones.
+Deltas: the follower applies a delta only on exactly its base (``base_version`` and
+``base_sha256``), i.e. when the last version it accepted is that base. A delta whose base it does
+not hold (it missed a version, rejected a corrupt one, or found its stored chunks deleted) is
+logged, counted (``skipped_deltas``) and skipped; the follower keeps its version until the next
+full one, which the trainer sends at least every ``weights.full_sync_interval`` versions (and
+retention never cuts the log below one). Versions are taken in log order, not by number: a
+trainer restarted from a checkpoint republishes the versions after it, starting with a full one,
+and that lineage replaces what the follower held even where its numbers are not higher.
+
+Where the work happens: the thread fetches, verifies and checks; the owner's ``take`` applies the
+accepted versions, in order, *in place* into the tensors it handed out last (a full version's
+tensors view its payload, so nothing is copied). Applying a delta then costs the changed elements
+only, and the tensors are never written while the owner reads them: the owner holds them until
+its next ``take``, and copies what it keeps (``load_state_dict`` does).
 """
 
 from __future__ import annotations
@@ -31,15 +39,24 @@ from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
+from astraflow.weights.store import read_stored
 
 logger = logging.getLogger(__name__)
+STALE_VERSIONS = 32
+"""Parts of a version this far below one that completed are dropped: a trainer crashed while publishing
+it. Parts of versions closer stay, since a restarted trainer republishes from its checkpoint (at most
+``train.checkpoint_every`` versions back) and the chunk partition may be read ahead of the manifests."""
 
 
 @dataclass(frozen=True)
-class _Held:
+class _Accepted:
+    """A verified, checked version waiting for ``take`` to apply it."""
+
     version: int
-    sha256: str
-    state: dict
+    full: bool
+    plan: list
+    """``payload.check_payload``'s plan (views of the payload)."""
+    published_ms: int
 
 
 def assemble(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
@@ -54,9 +71,22 @@ def assemble(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
         offset += len(piece)
     if offset != manifest.total_bytes:
         raise WeightsError(f"chunks hold {offset} bytes, the manifest says {manifest.total_bytes}")
+    _check_sha256(manifest, payload)
+    return payload
+
+
+def fetch(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
+    """The verified payload of a version: from its stored chunks when it has a ``store_uri``, else ``pieces``."""
+    if manifest.store_uri is None:
+        return assemble(manifest, pieces)
+    payload = read_stored(manifest.store_uri, manifest.num_chunks, manifest.total_bytes)
+    _check_sha256(manifest, payload)
+    return payload
+
+
+def _check_sha256(manifest: WeightChunk, payload: bytearray) -> None:
     if hashlib.sha256(payload).hexdigest() != manifest.sha256:
         raise WeightsError("payload failed its sha256 checksum")
-    return payload
 
 
 class WeightFollower:
@@ -66,7 +96,7 @@ class WeightFollower:
         self.topic = topic
         self.payload = payload
         self.latest_version = -1
-        """Newest version taken in (assembled, or with ``payload=False`` announced)."""
+        """Newest version taken in (accepted, or with ``payload=False`` announced)."""
         self.latest_published_ms = 0
         self.newest_version = -1
         """Newest version announced by a manifest, applicable or not."""
@@ -85,8 +115,13 @@ class WeightFollower:
         self._caught_up = threading.Event()
         self._chunks: dict[tuple[int, str], dict[int, bytes]] = defaultdict(dict)
         self._manifests: dict[tuple[int, str], WeightChunk] = {}
-        self._pending: tuple[int, dict, int] | None = None
-        self._held: _Held | None = None
+        self._tip: tuple[int, str] | None = None
+        """(version, sha256) of the last version accepted: what the next delta must apply to."""
+        self._tip_layout: dict | None = None
+        self._accepted: list[_Accepted] = []
+        """Accepted versions not taken yet: a full one first (if any), then deltas, each on the one before."""
+        self._state: dict | None = None
+        """The state dict ``take`` handed out last (the owner's thread only)."""
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._poll_timeout = poll_timeout
@@ -97,13 +132,22 @@ class WeightFollower:
         return self
 
     def take(self) -> tuple[int, dict] | None:
-        """The newest assembled (version, state dict) not taken yet, or ``None``."""
+        """The newest accepted (version, state dict) not taken yet, or ``None``. Call from one thread.
+
+        The tensors belong to the follower: the next ``take`` writes the next version into them.
+        """
         with self._lock:
-            pending, self._pending = self._pending, None
-            if pending is None:
-                return None
-            version, state, self.taken_published_ms = pending
-            return version, state
+            accepted, self._accepted = self._accepted, []
+        if not accepted:
+            return None
+        from astraflow.weights.payload import apply_payload
+
+        state = self._state
+        for version in accepted:
+            state = apply_payload(version.plan, None if version.full else state, in_place=True)
+        self._state = state
+        self.taken_published_ms = accepted[-1].published_ms
+        return accepted[-1].version, state
 
     def wait_for(self, version: int, timeout: float) -> bool:
         """Block until a version >= ``version`` is known, or ``timeout`` seconds pass."""
@@ -135,57 +179,55 @@ class WeightFollower:
     def _receive(self, record: WeightChunk) -> None:
         if record.kind == "manifest":
             self.newest_version = max(self.newest_version, record.version)
-        if record.version <= self.latest_version:
-            return
         if not self.payload:
-            if record.kind == "manifest":
+            if record.kind == "manifest" and record.version > self.latest_version:
                 self._set_latest(record.version, record.created_ms, None)
             return
-        key = (record.version, record.sha256)  # a restarted trainer may republish a version with other bytes
+        key = (record.version, record.sha256)  # a restarted trainer republishes versions, with other bytes
         if record.kind == "chunk":
             self._chunks[key][record.chunk_index] = record.data
         else:
             self._manifests[key] = record
         manifest = self._manifests.get(key)
-        pieces = self._chunks[key]
-        if manifest is None or len(pieces) < manifest.num_chunks or any(i not in pieces for i in range(manifest.num_chunks)):
+        if manifest is None:
             return
-        for stale in [k for k in self._chunks if k[0] <= record.version]:
-            del self._chunks[stale]
-        for stale in [k for k in self._manifests if k[0] <= record.version]:
-            del self._manifests[stale]
+        pieces = self._chunks.get(key, {})
+        if manifest.store_uri is None and any(i not in pieces for i in range(manifest.num_chunks)):
+            return
+        del self._manifests[key]
+        self._chunks.pop(key, None)
+        for parts in (self._chunks, self._manifests):
+            for stale in [k for k in parts if k[0] < record.version - STALE_VERSIONS]:
+                del parts[stale]
         self._take_in(manifest, pieces)
 
     def _take_in(self, manifest: WeightChunk, pieces: dict[int, bytes]) -> None:
-        """Apply one complete version, or count and log why it is not applied."""
-        from astraflow.weights.payload import read_payload
+        """Verify and check one complete version and queue it for ``take``, or count and log why not."""
+        from astraflow.weights.payload import check_payload, spec_layout
 
-        held = self._held
-        base = None
-        if manifest.encoding == "delta":
-            if held is None or (held.version, held.sha256) != (manifest.base_version, manifest.base_sha256):
-                self.skipped_deltas += 1
-                self._newest_rejected = max(self._newest_rejected, manifest.version)
-                logger.warning("weights version %d of %s is a delta on version %d, but this reader holds %s; waiting for the next full version",
-                               manifest.version, self.topic, manifest.base_version, held.version if held else "none")
-                return
-            base = held.state
+        delta = manifest.encoding == "delta"
+        if delta and self._tip != (manifest.base_version, manifest.base_sha256):
+            self.skipped_deltas += 1
+            self._newest_rejected = max(self._newest_rejected, manifest.version)
+            logger.warning("weights version %d of %s is a delta on version %d, but this reader holds %s; waiting for the next full version",
+                           manifest.version, self.topic, manifest.base_version, self._tip[0] if self._tip else "none")
+            return
         try:
             if manifest.encoding not in ("full", "delta"):
                 raise WeightsError(f"unknown version encoding {manifest.encoding!r}")
-            state = read_payload(assemble(manifest, pieces), manifest.tensors, base)
+            plan = check_payload(fetch(manifest, pieces), manifest.tensors, self._tip_layout if delta else None)
         except WeightsError as exc:
             self.corrupt_versions += 1
             self._newest_rejected = max(self._newest_rejected, manifest.version)
             logger.error("weights version %d of %s not applied: %s", manifest.version, self.topic, exc)
             return
-        self._held = _Held(manifest.version, manifest.sha256, state)
-        self._set_latest(manifest.version, manifest.created_ms, state)
+        self._tip, self._tip_layout = (manifest.version, manifest.sha256), spec_layout(manifest.tensors)
+        self._set_latest(manifest.version, manifest.created_ms, _Accepted(manifest.version, not delta, plan, manifest.created_ms))
 
-    def _set_latest(self, version: int, published_ms: int, state: dict | None) -> None:
+    def _set_latest(self, version: int, published_ms: int, accepted: _Accepted | None) -> None:
         with self._lock:
-            self.latest_version = version
+            self.latest_version = max(self.latest_version, version)
             self.latest_published_ms = published_ms
-            if state is not None:
-                self._pending = (version, state, published_ms)
+            if accepted is not None:
+                self._accepted = [accepted] if accepted.full else [*self._accepted, accepted]
             self._lock.notify_all()

@@ -10,6 +10,12 @@ reader hands out one tensor for both.
 Readers get tensors in the transfer dtype. Loading bf16 weights into an fp32 model is intended:
 as in the AstraFlow paper, producers and the evaluator sample with the bf16-rounded weights, and
 every reader sees exactly the same values because full versions are in the transfer dtype too.
+
+Reading is ``check_payload`` (every section parsed and checked against the layout of the base:
+names, dtypes, sizes) then ``apply_payload``, which either builds new tensors or, ``in_place``,
+writes the changes into the base's own tensors: a follower then touches only the changed
+elements instead of copying the whole model per version. A check that fails leaves the base as
+it was.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 
 from astraflow.errors import WeightsError
 from astraflow.schemas.records import TensorSpec
-from astraflow.weights.delta import decode_bits, encode_bits, pad8
+from astraflow.weights.delta import Section, apply_section, decode_section, encode_bits, pad8, parse_section
 
 TRANSFER_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -50,17 +56,29 @@ class Payload:
         return sum(k for _, _, k in self.changes)
 
 
-def to_transfer(state: Mapping[str, torch.Tensor], transfer_dtype: str) -> dict[str, torch.Tensor]:
-    """A CPU copy of ``state`` with floating tensors in the transfer dtype; tied tensors stay tied."""
+def to_transfer(state: Mapping[str, torch.Tensor], transfer_dtype: str,
+                reuse: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """A CPU copy of ``state`` with floating tensors in the transfer dtype; tied tensors stay tied.
+
+    ``reuse``: an earlier result whose tensors nobody reads any more; those of matching name,
+    dtype and shape are overwritten instead of allocated (a fresh gigabyte costs its page faults,
+    several times the copy itself).
+    """
     dtype = TRANSFER_DTYPES[transfer_dtype]
     out: dict[str, torch.Tensor] = {}
     seen: dict[tuple, torch.Tensor] = {}
+    taken: set[int] = set()
     for name, tensor in state.items():
         tensor = tensor.detach()
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
         if key not in seen:
             target = dtype if tensor.is_floating_point() else tensor.dtype
-            seen[key] = tensor.to(device="cpu", dtype=target, copy=True).contiguous()  # copy: never alias the live model
+            spare = reuse.get(name) if reuse is not None else None
+            if spare is not None and spare.dtype == target and spare.shape == tensor.shape and id(spare) not in taken:
+                seen[key] = spare.copy_(tensor)
+            else:
+                seen[key] = tensor.to(device="cpu", dtype=target, copy=True).contiguous()  # copy: never alias the live model
+            taken.add(id(seen[key]))
         out[name] = seen[key]
     return out
 
@@ -95,33 +113,105 @@ def build_payload(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Te
     return Payload(buffer, specs, changes)
 
 
-def read_payload(buffer: bytearray, specs: list[TensorSpec], base: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-    """The state dict (transfer dtype) of a payload; ``base`` is the version a delta applies to.
+Layout = Mapping[str, tuple[torch.dtype, int]]
+"""Name → (dtype, elements) of a state dict: what a delta's sections must fit."""
 
-    Unchanged tensors are ``base``'s own objects and raw ones view ``buffer``; never write to them.
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor of a checked payload: its spec, dtype and parsed section (tied ones share it)."""
+
+    spec: TensorSpec
+    dtype: torch.dtype
+    section: Section
+    key: tuple[int, int, str]
+    """(offset, length, encoding): tied tensors, stored once, share it."""
+
+
+def spec_layout(specs: list[TensorSpec]) -> dict[str, tuple[torch.dtype, int]]:
+    """The layout a version has once read (the same for a full version and a delta)."""
+    return {spec.name: (_DTYPES[spec.dtype], prod(spec.shape)) for spec in specs if spec.dtype in _DTYPES}
+
+
+def state_layout(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.dtype, int]]:
+    return {name: (tensor.dtype, tensor.numel()) for name, tensor in state.items()}
+
+
+def check_payload(buffer: bytearray, specs: list[TensorSpec], base: Layout | None) -> list[PlannedTensor]:
+    """Parse every section of a payload and check it against the base's layout; nothing is written.
+
     Raises ``WeightsError`` when a spec does not fit the buffer, its encoding or the base.
     """
     data = np.frombuffer(buffer, dtype=np.uint8)
-    state: dict[str, torch.Tensor] = {}
-    decoded: dict[tuple[int, int, str], torch.Tensor] = {}
+    plan: list[PlannedTensor] = []
+    parsed: dict[tuple[int, int, str], Section] = {}
     for spec in specs:
         key = (spec.offset, spec.length, spec.encoding)
-        if spec.length and key in decoded:  # a tied tensor, stored once
-            state[spec.name] = decoded[key]
-            continue
         dtype = _DTYPES.get(spec.dtype)
         if dtype is None or spec.offset < 0 or spec.length < 0 or spec.offset + spec.length > len(buffer) or spec.offset % 8:
             raise WeightsError(f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) does not fit a {len(buffer)}-byte payload")
-        old = base.get(spec.name) if base is not None else None
-        old_bits = _bits(old) if old is not None and old.dtype == dtype else None
         n = prod(spec.shape)
-        try:
-            bits = decode_bits(spec.encoding, data[spec.offset : spec.offset + spec.length], n, _numpy_bits(dtype), old_bits)
-        except WeightsError as exc:
-            raise WeightsError(f"tensor {spec.name!r}: {exc}") from exc
-        tensor = old if bits is old_bits else torch.from_numpy(bits).view(dtype).reshape(spec.shape)
-        state[spec.name] = decoded[key] = tensor
+        section = parsed.get(key) if spec.length else None
+        if section is None:
+            try:
+                section = parse_section(spec.encoding, data[spec.offset : spec.offset + spec.length], n, _numpy_bits(dtype))
+            except WeightsError as exc:
+                raise WeightsError(f"tensor {spec.name!r}: {exc}") from exc
+            parsed[key] = section
+        elif section.n != n:
+            raise WeightsError(f"tensor {spec.name!r}: shares the bytes of a tensor of {section.n} elements but has {n}")
+        if section.needs_base and (base is None or base.get(spec.name) != (dtype, n)):
+            have = base.get(spec.name) if base is not None else None
+            raise WeightsError(f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, the base has {have}")
+        plan.append(PlannedTensor(spec, dtype, section, key))
+    return plan
+
+
+def apply_payload(plan: list[PlannedTensor], base: Mapping[str, torch.Tensor] | None, in_place: bool) -> dict[str, torch.Tensor]:
+    """The state dict (transfer dtype) of a checked payload on ``base`` (``check_payload``'s layout).
+
+    Out of place, unchanged tensors are ``base``'s own objects, raw ones view the payload and the
+    others are new. ``in_place`` writes every change into ``base``'s tensors (which the result then
+    shares); a base tensor that several stored tensors start from (tied in the base, untied now) is
+    copied first for all but one of them.
+    """
+    starts = _in_place_targets(plan, base) if in_place else {}
+    state: dict[str, torch.Tensor] = {}
+    done: dict[tuple[int, int, str], torch.Tensor] = {}
+    for entry in plan:
+        spec, section = entry.spec, entry.section
+        if spec.length and entry.key in done:  # a tied tensor, stored once
+            state[spec.name] = done[entry.key]
+            continue
+        old = starts.get(spec.name) if in_place else (base.get(spec.name) if base is not None else None)
+        usable = old is not None and old.dtype == entry.dtype and old.numel() == section.n
+        if in_place and usable:
+            apply_section(section, _bits(old))
+            tensor = old if tuple(old.shape) == tuple(spec.shape) else old.view(spec.shape)
+        else:
+            bits = decode_section(section, _bits(old) if usable else None)
+            tensor = old if usable and section.encoding == "none" else torch.from_numpy(bits).view(entry.dtype).reshape(spec.shape)
+        state[spec.name] = done[entry.key] = tensor
     return state
+
+
+def read_payload(buffer: bytearray, specs: list[TensorSpec], base: Mapping[str, torch.Tensor] | None,
+                 in_place: bool = False) -> dict[str, torch.Tensor]:
+    """``check_payload`` then ``apply_payload``: the state dict of a payload on ``base``."""
+    return apply_payload(check_payload(buffer, specs, state_layout(base) if base is not None else None), base, in_place)
+
+
+def _in_place_targets(plan: list[PlannedTensor], base: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The base tensor each stored tensor starts from; one base tensor is never written for two."""
+    targets: dict[str, torch.Tensor] = {}
+    owner: dict[int, tuple[int, int, str]] = {}
+    for entry in plan:
+        old = base.get(entry.spec.name) if base is not None else None
+        if old is None:
+            continue
+        first = owner.setdefault(id(old), entry.key)
+        targets[entry.spec.name] = old if first == entry.key and old.is_contiguous() else old.clone(memory_format=torch.contiguous_format)
+    return targets
 
 
 def _bits(tensor: torch.Tensor) -> np.ndarray:

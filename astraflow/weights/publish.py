@@ -3,32 +3,40 @@
 Steps of one publish (what makes a version atomic and exact for readers):
 
 1. The state dict is copied to the CPU with floating tensors in the transfer dtype (bf16 by
-   default, ``weights.transfer_dtype``). That copy is kept as the base of the next delta.
+   default, ``weights.transfer_dtype``). That copy is kept as the base of the next delta; the
+   copy before it, no longer needed, is overwritten by the next publish instead of allocated.
 2. The payload is a delta against the previously published version (``delta.py``: only the
    elements whose bits changed) unless this is the first publish of this publisher, ``full`` was
    asked for, ``weights.encoding`` is ``full``, or ``full_sync_interval`` versions passed since
    the last full version; then every tensor is written whole (still in the transfer dtype).
-3. The payload is cut into chunks of at most ``chunk_bytes``, each sent to the chunk partition of
-   ``{run}.weights.{policy}``, then flushed (durable before anything refers to it).
+3. The payload is cut into chunks of at most ``chunk_bytes``. ``transport: inline`` sends each to
+   the chunk partition of ``{run}.weights.{policy}``, then flushes (durable before anything refers
+   to it); ``transport: store`` writes them to the store (``store.py``) instead.
 4. The manifest (version, base version and base sha256, tensor table, total size, sha256 of the
-   payload) is sent to the manifest partition and flushed. A reader applies a version only after
-   it holds the manifest and every chunk, the checksum matches and, for a delta, it holds exactly
-   the base (version and sha256), so a crash mid-publish leaves no version and no wrong weights.
+   payload, and with a store the chunks' URI) is sent to the manifest partition and flushed. A
+   reader applies a version only after it holds the manifest and every chunk, the checksum matches
+   and, for a delta, it holds exactly the base (version and sha256), so a crash mid-publish leaves
+   no version and no wrong weights.
+5. With ``keep_versions``, versions no longer kept are deleted from the topic and the store
+   (``retention.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from astraflow.config import WeightsConfig
 from astraflow.context import now_ms
-from astraflow.log import Producer
+from astraflow.errors import WeightsError
+from astraflow.log import Log, Producer
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
+from astraflow.weights.retention import KeptVersion, VersionRetention
+from astraflow.weights.store import ChunkStore, open_store
 
 
 @dataclass(frozen=True)
@@ -54,20 +62,31 @@ class PublishStats:
     encode_seconds: float
     """Copy to the transfer dtype and encode (steps 1-2)."""
     send_seconds: float
-    """Checksum, chunk, send and flush (steps 3-4)."""
+    """Checksum, chunk, send or store, and flush (steps 3-4)."""
 
 
 class WeightPublisher:
-    """Sends weight versions of one policy to its weights topic, as deltas with periodic full ones."""
+    """Sends weight versions of one policy to its weights topic, as deltas with periodic full ones.
 
-    def __init__(self, producer: Producer, codec: Codec, topic: str, policy: str, config: WeightsConfig | None = None) -> None:
+    ``log`` is needed for ``weights.keep_versions`` (to delete old records from the topic).
+    """
+
+    def __init__(self, producer: Producer, codec: Codec, topic: str, policy: str, config: WeightsConfig | None = None,
+                 log: Log | None = None) -> None:
         self.producer = producer
         self.codec = codec
         self.topic = topic
         self.policy = policy
         self.config = config or WeightsConfig()
         self.last_stats: PublishStats | None = None
+        self._store = open_store(self.config.store) if self.config.transport == "store" else None
+        self._retention = None
+        if self.config.keep_versions is not None:
+            if log is None:
+                raise WeightsError("weights.keep_versions: the publisher needs the log to delete old versions from")
+            self._retention = VersionRetention(self.config.keep_versions, log, topic, self._store)
         self._previous: PublishedVersion | None = None
+        self._spare: dict | None = None
         self._last_full = -1
 
     def publish(self, state: Mapping, version: int, full: bool = False) -> WeightChunk:
@@ -75,32 +94,31 @@ class WeightPublisher:
         from astraflow.weights.payload import build_payload, to_transfer
 
         started = time.perf_counter()
-        transfer = to_transfer(state, self.config.transfer_dtype)
+        transfer = to_transfer(state, self.config.transfer_dtype, reuse=self._spare)
+        self._spare = None
         base = None if full else self._delta_base(version)
         payload = build_payload(transfer, base.state if base else None)
         encoded = time.perf_counter()
-        digest = hashlib.sha256(payload.buffer).hexdigest()
-        encoding = "delta" if base else "full"
         base_version, base_sha256 = (base.version, base.sha256) if base else (-1, "")
-        total, size = len(payload.buffer), self.config.chunk_bytes
-        view = memoryview(payload.buffer)
-        pieces = [bytes(view[i : i + size]) for i in range(0, total, size)] or [b""]
-        key = f"{self.policy}:{version}".encode()
-        for index, piece in enumerate(pieces):
-            chunk = WeightChunk(self.policy, version, base_version, encoding, "chunk", index, len(pieces), total, digest,
-                                data=piece, created_ms=now_ms(), base_sha256=base_sha256)
-            self.producer.send(self.topic, self.codec.encode(chunk), key=key, partition=WEIGHTS_CHUNK_PARTITION)
-        self.producer.flush()
-        manifest = WeightChunk(self.policy, version, base_version, encoding, "manifest", -1, len(pieces), total, digest,
-                               tensors=payload.specs, created_ms=now_ms(), base_sha256=base_sha256)
-        self.producer.send(self.topic, self.codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
-        self.producer.flush()
-        self._previous = PublishedVersion(version, digest, transfer)
+        start = self._retention.next_start() if self._retention else {}
+        outline = WeightChunk(self.policy, version, base_version, "delta" if base else "full", "manifest", -1, 0, 0, "",
+                              tensors=payload.specs, base_sha256=base_sha256)
+        manifest = send_version(self.producer, self.codec, self.topic, outline, payload.buffer, self.config.chunk_bytes, self._store)
+        if self._previous is not None and self._previous.state is not transfer:
+            self._spare = self._previous.state  # nobody reads the old base any more: the next copy goes there
+        self._previous = PublishedVersion(version, manifest.sha256, transfer)
         if base is None:
             self._last_full = version
-        self.last_stats = PublishStats(encoding, total, payload.elements, payload.changed, payload.changes,
+        if self._retention is not None:
+            self._retention.published(KeptVersion(version, base is None, start, manifest.store_uri))
+        self.last_stats = PublishStats(manifest.encoding, manifest.total_bytes, payload.elements, payload.changed, payload.changes,
                                        encoded - started, time.perf_counter() - encoded)
         return manifest
+
+    @property
+    def published(self) -> PublishedVersion | None:
+        """The version sent last, as readers reconstruct it (valid until the next publish but one); ``None`` before any."""
+        return self._previous
 
     def _delta_base(self, version: int) -> PublishedVersion | None:
         previous = self._previous
@@ -109,3 +127,30 @@ class WeightPublisher:
         if version - self._last_full >= self.config.full_sync_interval:
             return None
         return previous
+
+
+def send_version(producer: Producer, codec: Codec, topic: str, outline: WeightChunk, payload: bytearray,
+                 chunk_bytes: int, store: ChunkStore | None = None) -> WeightChunk:
+    """Steps 3-4 of a publish: checksum ``payload``, send its chunks (or put them in ``store``), then
+    the manifest, each flushed. ``outline`` gives the manifest's policy, version, base, encoding and
+    tensors; sizes, checksum, store URI and time are filled in. Returns the manifest as sent."""
+    digest = hashlib.sha256(payload).hexdigest()
+    total = len(payload)
+    view = memoryview(payload)
+    pieces = [view[i : i + chunk_bytes] for i in range(0, total, chunk_bytes)] or [view]
+    key = f"{outline.policy}:{outline.version}".encode()
+    uri = None
+    if store is not None:
+        uri = store.put(topic, outline.version, digest, pieces)
+    else:
+        for index, piece in enumerate(pieces):
+            chunk = replace(outline, kind="chunk", chunk_index=index, num_chunks=len(pieces), total_bytes=total, sha256=digest,
+                            data=bytes(piece), tensors=[], created_ms=now_ms())
+            producer.send(topic, codec.encode(chunk), key=key, partition=WEIGHTS_CHUNK_PARTITION)
+        producer.flush()
+    manifest = replace(outline, kind="manifest", chunk_index=-1, num_chunks=len(pieces), total_bytes=total, sha256=digest,
+                       store_uri=uri, created_ms=now_ms())
+    producer.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
+    producer.flush()
+    return manifest
+

@@ -27,9 +27,9 @@ def run(config: Path, run_dir: Path, *extra: str, timeout: float) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def test_embedded_run_learns(run_dir: Path) -> None:
-    config = write_config(run_dir / "test.yaml", run="learn", stop={"max_minutes": 4})
-    summary = run(config, run_dir, timeout=900)
+def test_embedded_run_learns(math_run: Path) -> None:
+    run_dir = math_run
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["versions"] >= 20 and summary["trajectories"] > 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["value"] for row in sorted(rows, key=lambda r: r["wall_s"]) if row["name"] == "stream.group_reward"]
@@ -44,9 +44,15 @@ def test_embedded_run_learns(run_dir: Path) -> None:
 
 
 def test_kafka_loop_advances_versions_and_producers_receive_them(run_dir: Path, kafka_bootstrap: str, unique: str) -> None:
-    config = write_config(run_dir / "test.yaml", run=f"k{unique}", stop={"max_minutes": 4, "max_versions": 4})
+    """On Kafka, with the DeepSpeed ZeRO-2 trainer backend (its step-for-step equality with the
+    torch backend is ``tests/integration/test_deepspeed_backend.py``; here it runs in the slice)."""
+    pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
+    config = write_config(run_dir / "test.yaml", run=f"k{unique}", stop={"max_minutes": 4, "max_versions": 4},
+                          train={"backend": "deepspeed", "deepspeed": {"zero_stage": 2}})
     summary = run(config, run_dir, "--backend", "kafka", "--bootstrap", kafka_bootstrap, timeout=600)
     assert summary["versions"] >= 4 and summary["backend"] == "kafka"
+    trainer_log = "".join(path.read_text(errors="replace") for path in (run_dir / "logs").glob("train*.out"))
+    assert "trainer backend deepspeed (ZeRO stage 2" in trainer_log, trainer_log[-2000:]
     codec = Codec()
     newest_token_version = -1
     with open_log("kafka", bootstrap=kafka_bootstrap) as log:

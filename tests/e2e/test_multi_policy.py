@@ -1,11 +1,12 @@
 """Two policies end to end: ``astraflow run examples/solver_verifier`` on the embedded log.
 
 Solver and verifier each have their own base checkpoint, stream processor, trainer and evaluator
-process; one rollout producer runs the workflow for both. Both trainers must publish versions, the
-solver's held-out exact match must rise above its base, and the system evaluator must report per
-version pair. Measured (4 min, 2 cores shared with another test run): solver 0.38 → 0.605 in 144
-versions; verifier 18 versions, verdict accuracy 0.545 → 0.52 (most of its groups are zero
-variance and dropped), so its rise is not asserted yet (issue 6).
+process; one rollout producer runs the workflow for both. Both trainers must publish versions,
+both held-out metrics must rise above their bases (the solver's exact match, the verifier's
+judgement accuracy on balanced true/false claims), and the system evaluator must report per
+version pair. Measured (4 min, 2 cores shared with other jobs at load 8-16, ~85 s of it start-up):
+solver 0.38 → 0.525 in 70 versions; verifier 0.67 → 0.76 in 95 versions (mean of its last three
+evaluations 0.747); system accuracy with the verifier choosing 0.45 → 0.465.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     policies = summary["policies"]
     assert set(policies) == {"solver", "verifier"}
-    assert policies["solver"]["versions"] >= 20 and policies["verifier"]["versions"] >= 5, summary
-    solver = policies["solver"]
+    assert policies["solver"]["versions"] >= 20 and policies["verifier"]["versions"] >= 20, summary
+    solver, verifier = policies["solver"], policies["verifier"]
     assert solver["final_accuracy"] >= solver["base_accuracy"] + 0.10, solver
+    late = list(verifier["accuracy_by_version"].values())[-3:]  # 200 held-out claims: one evaluation is ±0.035
+    assert sum(late) / len(late) >= verifier["base_accuracy"] + 0.05, verifier
     system = summary["system_accuracy"]
     assert set(system["final"]) == {"alone", "judged", "pass_at_k", "judge_accuracy"}
     assert len(system["by_versions"]) >= 2

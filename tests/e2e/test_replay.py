@@ -1,6 +1,6 @@
 """Offline replay end to end: a run's logged trajectories train a fresh base model.
 
-A short ``astraflow run`` of the math example records the source; ``astraflow replay`` then copies
+The math example's recorded run (the ``math_run`` fixture, shared with ``test_learning``) is the source; ``astraflow replay`` then copies
 its trajectory topic into a new run and trains the warmed-up base on it with off-policy GRPO
 (``examples/math/replay.yaml``), with the stream processor, trainer and evaluator as processes.
 The source's consumer groups must not notice.
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from astraflow.log import open_log
-from tests.e2e.conftest import ASTRAFLOW, EXAMPLE, write_config
+from tests.e2e.conftest import ASTRAFLOW, EXAMPLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -28,12 +28,11 @@ def astraflow(*args: str, timeout: float) -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
 
-def test_replay_trains_a_fresh_base_from_a_recorded_run(run_dir: Path, tmp_path: Path) -> None:
-    source = write_config(run_dir / "source.yaml", run="recorded", stop={"max_minutes": 3})
-    astraflow("run", str(source), "--run-dir", str(run_dir), timeout=600)
+def test_replay_trains_a_fresh_base_from_a_recorded_run(math_run: Path, tmp_path: Path) -> None:
+    run_dir = math_run  # the recorded run of tests/e2e/test_learning.py
     with open_log("embedded", path=run_dir / "log.sqlite") as log:
         groups = log.group_offsets()
-        recorded = sum(log.end_offsets("recorded.trajectories.main").values())
+        recorded = sum(log.end_offsets("learn.trajectories.main").values())
 
     raw = yaml.safe_load(REPLAY_EXAMPLE.read_text())
     raw.update(run="replayed", stop={"max_minutes": 5})
@@ -55,3 +54,30 @@ def test_replay_trains_a_fresh_base_from_a_recorded_run(run_dir: Path, tmp_path:
     assert (replay_dir / "report.png").stat().st_size > 10_000
     with open_log("embedded", path=run_dir / "log.sqlite") as log:
         assert log.group_offsets() == groups  # the source run's consumer groups are untouched
+
+
+def test_a_recorded_topic_mixes_into_an_online_run(math_run: Path, run_dir: Path) -> None:
+    """The mixer's offline source: a new online run takes a third of its samples from the
+    recorded run's trajectory topic, read from that run's log."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw.update(run="mixed", stop={"max_minutes": 3, "max_versions": 6})
+    raw["stream"] = {"max_staleness": 0, "pipeline": [
+        {"op": "staleness"}, {"op": "grpo"}, {"op": "zero_variance"},
+        {"op": "offline", "topic": "learn.trajectories.main", "source": str(math_run), "weight": 0.33},
+    ]}
+    config = run_dir / "mixed.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with open_log("embedded", path=math_run / "log.sqlite") as log:
+        groups = {name: offsets for name, offsets in log.group_offsets().items() if name.startswith("learn.")}
+    astraflow("run", str(config), "--run-dir", str(run_dir), timeout=600)
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] >= 6, summary
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    offline = max(row["value"] for row in rows if row["name"] == "stream.offline_groups")
+    accepted = max(row["value"] for row in rows if row["name"] == "stream.accepted_groups")
+    assert 0.25 <= offline / (offline + accepted) <= 0.45, (offline, accepted)  # fed groups ≈ a third of all
+    with open_log("embedded", path=math_run / "log.sqlite") as log:
+        after = {name: offsets for name, offsets in log.group_offsets().items() if name.startswith("learn.")}
+        assert after == groups  # the recorded run's own consumer groups are untouched
+        assert "mixed.stream.main.offline0" in log.group_offsets()

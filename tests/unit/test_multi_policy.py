@@ -13,10 +13,12 @@ from astraflow.config import dump_config, load_config, parse_config
 from astraflow.errors import ConfigError
 from astraflow.infra.launcher import plan
 from astraflow.models.system_evaluation import pick
+from astraflow.producers.collab_workflows import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
 from astraflow.producers.feeder import PolicyBudget, policy_budgets
 from astraflow.producers.workflows import Provenance, build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_reward, judgement
+from astraflow.tasks.datasets import load_policy_split
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "config.yaml"
 PROVENANCE = Provenance("rollout-test-1", "local", "cpu")
@@ -114,34 +116,66 @@ def test_lockstep_sets_every_staleness_to_zero() -> None:
 
 def test_answers_and_judgements_are_rewarded_and_routed_by_policy(solver_verifier) -> None:
     _, workflow = solver_verifier
-    # the solver is right on its first sample only; the verifier's first judgement answers 47, its
-    # second copies the candidate (accepting it whatever it is)
+    workflow.judgements = 4  # claims 0, 1, 2, then 0 again
+    # the solver is right on its first sample only; the verifier writes 47 unless shown 42, which it copies
     solver = ScriptedTextEngine(lambda prompt, j: "47" if j == 0 else f"4{j}", version=3)
-    verifier = ScriptedTextEngine(lambda prompt, j: "47" if j == 0 else prompt.split("=")[1].rstrip("?"), version=5)
+    verifier = ScriptedTextEngine(lambda prompt, j: "42" if prompt.endswith("=42?") else "47", version=5)
     [outcome] = workflow.run_batch({"solver": solver, "verifier": verifier}, [task(12, 35)], PROVENANCE)
     assert outcome.error is None
     answers = [t for t in outcome.trajectories if t.policy == "solver"]
     judgements = [t for t in outcome.trajectories if t.policy == "verifier"]
     assert [t.reward for t in answers] == [1.0, 0.0, 0.0] and [t.response_text for t in answers] == ["47", "41", "42"]
     assert {t.group_id for t in answers} == {"add-12-35@0"} and all(t.group_size == 3 for t in answers)
-    assert verifier.prompts == ["12+35=47?", "12+35=41?", "12+35=42?"]
-    assert [t.trajectory_id for t in judgements[:2]] == ["add-12-35@0/0/0", "add-12-35@0/0/1"]
-    assert [t.group_id for t in judgements] == [f"add-12-35@0/{i}" for i in range(3) for _ in range(2)]
-    # both accept the right answer; on each wrong one the first rejects (right), the copier accepts (wrong)
-    assert [t.reward for t in judgements] == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
-    assert [t.response_text for t in judgements[2:4]] == ["47", "41"]
+    # claim 1 contrasts the right answer 0 with a near miss; answer 1 itself is not judged
+    miss = near_miss("47", "add-12-35@0/1")
+    assert verifier.prompts == ["12+35=47?", f"12+35={miss}?", "12+35=42?", "12+35=47?"]
+    assert [t.trajectory_id for t in judgements] == [f"add-12-35@0/{j}/0" for j in range(4)]
+    assert {t.group_id for t in judgements} == {"add-12-35@0"} and all(t.group_size == 4 for t in judgements)
+    # accepts 47 (right), rejects the near miss by writing the sum (right), accepts 42 by copying it (wrong)
+    assert [t.reward for t in judgements] == [1.0, 1.0, 0.0, 1.0]
     assert all(int(t.token_versions.max()) == 5 for t in judgements) and all(int(t.token_versions.max()) == 3 for t in answers)
-    assert workflow.groups_per_task("solver") == 1 and workflow.groups_per_task("verifier") == 3
+    assert workflow.groups_per_task("solver") == workflow.groups_per_task("verifier") == 1
+
+
+@pytest.mark.parametrize(
+    ("answers", "truths"),
+    [(["47", "47", "47", "47"], [True, False, True, False]), (["41", "41", "47", "9"], [False, True, True, False]),
+     (["47", "41", "42"], [True, False, False])],
+)
+def test_claims_come_in_true_and_false_pairs(answers: list[str], truths: list[bool]) -> None:
+    claims = balanced_candidates("47", answers, "add-12-35@0")
+    assert [claim == "47" for claim in claims] == truths
+    assert claims[0::2] == answers[0::2]
+    assert all(int(claim) - 47 in NEAR_MISSES for claim in claims if claim != "47" and claim not in answers)
+    assert balanced_candidates("47", answers, "add-12-35@0") == claims  # deterministic: a redone task judges the same claims
+
+
+@pytest.mark.parametrize(
+    ("response", "reference", "reward"),
+    [("47", "47|47", 1.0), ("45", "47|47", 0.0), ("47", "47|45", 1.0), ("45", "47|45", 0.0), ("46", "47|45", 0.5), ("", "47|45", 0.5)],
+)
+def test_the_judge_earns_half_for_its_verdict_and_half_for_the_sum(response: str, reference: str, reward: float) -> None:
+    assert judge_answer_reward(response, reference) == reward
+
+
+def test_a_judge_warms_up_on_false_claims_and_is_scored_on_balanced_ones(tmp_path: Path) -> None:
+    judge = load_config(EXAMPLE).for_policy("verifier")
+    warmup = load_policy_split(judge, tmp_path, "train", targets=True)
+    heldout = load_policy_split(judge, tmp_path, "heldout")
+    assert warmup and all(row.prompt.endswith("?") and row.prompt[:-1].split("=")[1] != row.answer for row in warmup)
+    assert all(int(row.answer) == sum(map(int, row.prompt.split("=")[0].split("+"))) for row in warmup)
+    true = [row for row in heldout if row.answer.split("|")[0] == row.answer.split("|")[1]]
+    assert 0.4 < len(true) / len(heldout) < 0.6
 
 
 def test_budgets_follow_the_slowest_trainer(solver_verifier) -> None:
     config, _ = solver_verifier
     budgets = policy_budgets(config)
-    # solver: 256 samples / 3 per group = 86 tasks; verifier: 512 / 2 = 256 groups, 3 a task → 86 tasks
-    assert budgets == {"solver": PolicyBudget(1, 86, 1), "verifier": PolicyBudget(1, 86, 3)}
-    assert budgets["verifier"].capacity(0, dropped_groups=4) == 2 * 86 + 2
+    # solver: 256 samples / 3 per group = 86 tasks; verifier: 256 / 2 judgements per task = 128 tasks
+    assert budgets == {"solver": PolicyBudget(1, 86, 1), "verifier": PolicyBudget(1, 128, 1)}
+    assert budgets["verifier"].capacity(0, dropped_groups=4) == 2 * 128 + 4
     versions, dropped = {"solver": 5, "verifier": 2}, Counter(solver=10)
-    assert min(b.capacity(versions[p], dropped[p]) for p, b in budgets.items()) == 4 * 86
+    assert min(b.capacity(versions[p], dropped[p]) for p, b in budgets.items()) == 4 * 128  # the verifier is behind
 
 
 def test_judge_rows_are_half_right_and_parse() -> None:

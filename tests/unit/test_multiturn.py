@@ -10,11 +10,12 @@ import pytest
 
 from astraflow.config import AgentConfig
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
+from astraflow.envs.episodes import AgentLimits
 from astraflow.envs.rooms import RoomsLayout
 from astraflow.envs.server import EnvServer, rooms_factory
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import build_char_tokenizer
-from astraflow.producers.multiturn import AgentLimits, MultiTurnWorkflow
+from astraflow.producers.multiturn import MultiTurnWorkflow
 from astraflow.producers.workflows import Provenance, build_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.facts import ALPHABET, fact_problems
@@ -177,7 +178,7 @@ def test_rooms_workflow_locally_and_over_http(via_http: bool) -> None:
 )
 def test_workflow_config_errors_name_the_field(kind: str, reward: str, agent: AgentConfig, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
-        build_workflow(kind, "main", reward, 8, 1.0, agent)
+        build_workflow(kind, "main", reward, 8, 1.0, agent).open()
 
 
 def test_config_accepts_the_agent_section() -> None:

@@ -20,9 +20,10 @@ from astraflow.config import StreamConfig
 from astraflow.consumers.loss import ppo_clip_loss
 from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer, collate, response_logprobs
 from astraflow.envs.base import EpisodeEnv, StepResult
+from astraflow.envs.episodes import AgentLimits
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.producers.engine import TorchEngine
-from astraflow.producers.multiturn import AgentLimits, MultiTurnWorkflow
+from astraflow.producers.multiturn import MultiTurnWorkflow
 from astraflow.producers.token_engine import TorchTokenEngine, TurnSample
 from astraflow.producers.workflows import Provenance
 from astraflow.schemas.codec import Codec

@@ -15,7 +15,7 @@ from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tin
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.topics import WEIGHTS_CHUNK_PARTITION, RunTopics
-from astraflow.weights.delta import decode_bits, encode_bits
+from astraflow.weights.delta import apply_section, decode_section, encode_bits, pad8, parse_section
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import build_payload, read_payload, to_transfer
 from astraflow.weights.publish import WeightPublisher
@@ -60,57 +60,142 @@ def random_state(seed: int) -> dict[str, torch.Tensor]:
 # --- tensor-level encodings ---------------------------------------------------------------------
 
 
-def changed_at(n: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def changed_at(n: int, positions: np.ndarray, by: int | np.ndarray = 1) -> tuple[np.ndarray, np.ndarray]:
     base = np.arange(n, dtype=np.int16)
     new = base.copy()
-    new[positions] += 1
+    new[positions] += np.asarray(by, dtype=np.int16)
     return new, base
 
 
-@pytest.mark.parametrize(
-    ("positions", "n", "encoding"),
-    [
-        (np.array([], dtype=np.int64), 10_000, "none"),
-        (np.arange(10_000), 10_000, "raw"),  # fully changed: dense values, no index
-        (np.arange(0, 10_000, 20), 10_000, "gap8"),
-        (np.r_[np.arange(0, 5_000, 20), 9_000], 10_000, "gap8"),  # one gap past 255 takes escapes, not a wider type
-        (np.arange(0, 100_000, 1_000), 100_000, "gap16"),
-        (np.array([3, 250_000, 499_999]), 500_000, "gap32"),
-        (np.arange(0, 10_000, 2), 10_000, "bitmap"),
-    ],
-)
-def test_each_encoding_is_chosen_and_round_trips(positions: np.ndarray, n: int, encoding: str) -> None:
-    new, base = changed_at(n, positions)
-    encoded = encode_bits(new, base)
-    assert encoded.encoding == encoding and encoded.changed == len(positions)
-    section = np.zeros(encoded.nbytes + 8, dtype=np.uint8)[:encoded.nbytes]  # parts written 8-byte aligned, as in a payload
+def as_section(encoded) -> np.ndarray:
+    """The parts written 8-byte aligned, as in a payload."""
+    section = np.zeros(encoded.nbytes + 8, dtype=np.uint8)[: encoded.nbytes]
     start = 0
     for part in encoded.parts:
         section[start : start + part.nbytes] = part.reshape(-1).view(np.uint8)
-        start = (start + part.nbytes + 7) & ~7
-    assert np.array_equal(decode_bits(encoding, section, n, new.dtype, base), new)
+        start = pad8(start + part.nbytes)
+    return section
+
+
+def decode(encoding: str, section: np.ndarray, n: int, base: np.ndarray) -> np.ndarray:
+    return decode_section(parse_section(encoding, section, n, base.dtype), base)
+
+
+BIG_STEPS = np.array([300, -1000, 8, -8, 32767])
+"""Bit-pattern differences outside 4 bits ([-7, 7]): the new values travel whole."""
+
+
+@pytest.mark.parametrize(
+    ("positions", "n", "by", "encoding"),
+    [
+        (np.array([], dtype=np.int64), 10_000, 1, "none"),
+        (np.arange(10_000), 10_000, 300, "raw"),  # fully changed, by more than 4 bits: dense values, no index
+        (np.arange(10_000), 10_000, 1, "bitmap+d4"),  # fully changed by one ulp: 4.1 bits per element beat 16
+        (np.arange(0, 10_000, 20), 10_000, 1, "gap8+d4"),
+        (np.arange(0, 10_000, 20), 10_000, 300, "gap8"),  # differences too large for 4 bits
+        (np.r_[np.arange(0, 5_000, 20), 9_000], 10_000, -1, "gap8+d4"),  # one gap past 255 takes escapes, not a wider type
+        (np.arange(0, 100_000, 1_000), 100_000, 1, "gap16+d4"),
+        (np.array([3, 250_000, 499_999]), 500_000, 300, "gap32"),
+        (np.arange(0, 10_000, 2), 10_000, 1, "bitmap+d4"),
+        (np.arange(0, 10_000, 8), 10_000, 1, "bitmap+d4"),  # sparse enough to scan for indices, yet a bitmap is as small
+        (np.arange(0, 10_000, 2), 10_000, np.resize(BIG_STEPS, 5_000), "bitmap"),
+        (np.arange(0, 10_000, 20), 10_000, np.resize(np.r_[1, -1, 7, -7, 1, 2, 3, BIG_STEPS], 500), "gap8+d4"),  # some escapes
+    ],
+)
+@pytest.mark.parametrize("scan", [1 << 20, 999])  # changes found in one slice, or across many
+def test_each_encoding_is_chosen_and_round_trips(monkeypatch: pytest.MonkeyPatch, positions: np.ndarray, n: int, by: object,
+                                                 encoding: str, scan: int) -> None:
+    import astraflow.weights.delta as delta
+
+    monkeypatch.setattr(delta, "SCAN_ELEMENTS", scan)
+    new, base = changed_at(n, positions, by)
+    encoded = encode_bits(new, base)
+    assert encoded.encoding == encoding and encoded.changed == len(positions)
+    section = as_section(encoded)
+    assert np.array_equal(decode(encoding, section, n, base), new)
+    in_place = base.copy()
+    apply_section(parse_section(encoding, section, n, base.dtype), in_place)
+    assert np.array_equal(in_place, new)
+
+
+@pytest.mark.parametrize("block", [3, 64, 1 << 16])
+def test_blocks_of_a_gap_stream_join_up(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    import astraflow.weights.delta as delta
+
+    monkeypatch.setattr(delta, "BLOCK_WORDS", block)
+    rng = np.random.default_rng(block)
+    positions = np.sort(rng.choice(300_000, 3_000, replace=False))  # many gaps past 255: escapes
+    steps = rng.choice(np.r_[-1, 1, 2, -3, BIG_STEPS], positions.size)  # some differences escape too
+    new, base = changed_at(300_000, positions, steps)
+    new[positions[:3]] = base[positions[:3]] + 1  # changes at the very start
+    encoded = encode_bits(new, base)
+    assert encoded.encoding == "gap8+d4"
+    target = base.copy()
+    apply_section(parse_section(encoded.encoding, as_section(encoded), base.size, base.dtype), target)
+    assert np.array_equal(target, new)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_differences_wrap_around_the_bit_width(dtype: type) -> None:
+    info = np.iinfo(dtype)
+    base = np.array([info.max, info.min, -1, 0, 5] * 40, dtype=dtype)
+    new = base.copy()
+    new[::5] = info.min  # max + 1 wraps to min: a difference of 1
+    new[1::5] = info.max  # min - 1 wraps to max
+    new[2::5] = 0
+    encoded = encode_bits(new, base)
+    assert encoded.encoding.endswith("+d4")
+    assert np.array_equal(decode(encoded.encoding, as_section(encoded), base.size, base), new)
 
 
 def test_delta_is_no_bigger_than_any_single_form() -> None:
     rng = np.random.default_rng(0)
     for fraction in (0.0005, 0.01, 0.05, 0.3, 0.9):
-        new, base = changed_at(200_000, np.flatnonzero(rng.random(200_000) < fraction))
-        k = int(np.count_nonzero(new != base))
-        assert encode_bits(new, base).nbytes <= min(2 * 200_000, 200_000 // 8 + 2 * k + 16, 4 * k + 2 * k + 16)
+        for steps in (1, BIG_STEPS):
+            positions = np.flatnonzero(rng.random(200_000) < fraction)
+            new, base = changed_at(200_000, positions, np.resize(steps, positions.size))
+            k = int(np.count_nonzero(new != base))
+            assert encode_bits(new, base).nbytes <= min(2 * 200_000, 200_000 // 8 + 2 * k + 16, 4 * k + 2 * k + 16)
 
 
-@pytest.mark.parametrize("problem", ["truncated", "index past the end", "wrong count"])
-def test_malformed_delta_sections_are_refused(problem: str) -> None:
-    new, base = changed_at(1_000, np.array([5, 500]))
-    header, stream, values = encode_bits(new, base).parts
+def test_a_small_step_costs_about_twelve_bits_per_change() -> None:
+    rng = np.random.default_rng(0)
+    positions = np.flatnonzero(rng.random(1_000_000) < 0.04)
+    new, base = changed_at(1_000_000, positions, rng.choice([-1, 1], positions.size))
+    assert encode_bits(new, base).nbytes * 8 / positions.size < 13  # gap8 ~8.3 bits + 4-bit differences
+
+
+@pytest.mark.parametrize(
+    ("problem", "encoding"),
+    [("truncated", "gap8"), ("index past the end", "gap8"), ("wrong count", "gap8"), ("ends in an escape", "gap8"),
+     ("truncated", "gap8+d4"), ("wrong count", "gap8+d4"), ("wrong escape count", "gap8+d4"), ("unknown", "gap8+d9"),
+     ("bits past the end", "bitmap")],
+)
+def test_malformed_delta_sections_are_refused(problem: str, encoding: str) -> None:
+    positions = np.arange(1, 1_000, 2) if encoding == "bitmap" else np.arange(5, 1_000, 40)
+    new, base = changed_at(1_000, positions, 300 if encoding in ("gap8", "bitmap") else 1)
+    encoded = encode_bits(new, base)
+    assert encoded.encoding == encoding.replace("+d9", "+d4")
+    header, stream, *values = encoded.parts
     n = 400 if problem == "index past the end" else 1_000
     if problem == "truncated":
-        values = values[:1]
+        values[-1] = values[-1][:-1] if values[-1].size else values[-1]
+        values[0] = values[0][:1]
     if problem == "wrong count":
-        header = np.array([3, stream.size], dtype="<u8")
-    section = np.concatenate([header.view(np.uint8), np.pad(stream, (0, -stream.size % 8)), values.view(np.uint8)])
-    with pytest.raises(WeightsError, match="malformed delta"):
-        decode_bits("gap8", section, n, base.dtype, base[:n])
+        header = header.copy()
+        header[0] = 3
+    if problem == "wrong escape count":
+        header = header.copy()
+        header[2] = 1
+    if problem == "ends in an escape":
+        stream = np.r_[stream, 255].astype(np.uint8)
+        header = np.array([2, stream.size], dtype="<u8")
+    if problem == "bits past the end":
+        n = 999
+    parts = [header.view(np.uint8), stream, *(v.view(np.uint8) for v in values)]
+    section = np.concatenate([np.pad(part, (0, -part.size % 8)) for part in parts[:-1]] + [parts[-1]])
+    with pytest.raises(WeightsError, match="malformed delta|unknown tensor encoding"):
+        decode(encoding, section, n, base[:n])
 
 
 # --- whole versions -----------------------------------------------------------------------------
@@ -130,6 +215,49 @@ def test_payload_round_trip_is_bit_exact(transfer_dtype: str, fraction: float) -
     assert len(delta.buffer) <= len(full.buffer) + 16 * len(delta.specs)
     if fraction == 0.0:
         assert len(delta.buffer) == 0 and all(spec.encoding == "none" for spec in delta.specs)
+
+
+@pytest.mark.parametrize("transfer_dtype", ["bf16", "fp32"])
+def test_in_place_apply_writes_only_into_the_base(transfer_dtype: str) -> None:
+    base = to_transfer(random_state(1), transfer_dtype)
+    pointers = {name: tensor.data_ptr() for name, tensor in base.items()}
+    target = to_transfer(perturbed(random_state(1), 0.05, seed=2), transfer_dtype)
+    delta = build_payload(target, base)
+    received = read_payload(delta.buffer, delta.specs, base, in_place=True)
+    assert_bit_exact(received, target)
+    assert {name: tensor.data_ptr() for name, tensor in received.items()} == pointers
+    assert_bit_exact(base, target)  # the base itself now holds the new version
+    assert received["lm_head.weight"] is received["embed.weight"]
+
+
+def test_in_place_apply_unties_a_base_tensor_that_two_tensors_start_from() -> None:
+    base = to_transfer(random_state(1), "bf16")  # embed and lm_head: one tensor
+    target = dict(base)
+    target["lm_head.weight"] = perturbed({"w": base["lm_head.weight"]}, 0.1, seed=3)["w"]  # untied, changed
+    delta = build_payload(target, base)
+    assert {spec.name: spec.encoding for spec in delta.specs}["embed.weight"] == "none"
+    received = read_payload(delta.buffer, delta.specs, base, in_place=True)
+    assert_bit_exact(received, target)
+    assert received["lm_head.weight"].data_ptr() != received["embed.weight"].data_ptr()
+
+
+def test_a_malformed_payload_leaves_the_base_untouched() -> None:
+    base = to_transfer(random_state(1), "bf16")
+    before = {name: tensor.clone() for name, tensor in base.items()}
+    delta = build_payload(to_transfer(perturbed(random_state(1), 0.05, seed=2), "bf16"), base)
+    last = max(range(len(delta.specs)), key=lambda i: delta.specs[i].offset)
+    delta.specs[last].encoding = "gap8+d9"  # the last section is unreadable: nothing may be written before it
+    with pytest.raises(WeightsError, match="unknown tensor encoding"):
+        read_payload(delta.buffer, delta.specs, base, in_place=True)
+    assert_bit_exact(base, before)
+
+
+def test_to_transfer_overwrites_a_spare_copy_and_keeps_ties() -> None:
+    spare = to_transfer(random_state(1), "bf16")
+    pointer = spare["embed.weight"].data_ptr()
+    again = to_transfer(random_state(2), "bf16", reuse=spare)
+    assert again["embed.weight"].data_ptr() == pointer and again["lm_head.weight"] is again["embed.weight"]
+    assert_bit_exact(again, to_transfer(random_state(2), "bf16"))
 
 
 def test_real_tiny_model_after_adamw_steps_round_trips_through_the_log(tmp_path: Path) -> None:
@@ -246,18 +374,60 @@ def test_delta_from_a_restarted_trainer_is_not_applied_onto_the_old_version(tmp_
         restarted = WeightPublisher(producer, Codec(), TOPIC, "main")  # resumed from a checkpoint at version 1
         for version in (1, 2):
             restarted.publish(after[version], version)
-        restarted.publish(perturbed(after[2], 0.02, seed=99), 3)  # a delta on the *new* version 2
+        newest = perturbed(after[2], 0.02, seed=99)
+        restarted.publish(newest, 3)  # a delta on the *new* version 2
         follower = WeightFollower(log, TOPIC, payload=True).start()
         try:
             assert follower.wait_caught_up(timeout=60)
             version, received = follower.take()
         finally:
             follower.close()
-    assert version == 2 and follower.skipped_deltas == 1
-    assert_bit_exact(received, to_transfer(before[2], "bf16"))
+    # the republished versions become the base of the new lineage's deltas: version 3 applies onto
+    # the new version 2, never onto the old one, and nothing waits for a full version
+    assert version == 3 and follower.skipped_deltas == 0
+    assert_bit_exact(received, to_transfer(newest, "bf16"))
 
 
-@pytest.mark.parametrize(("field", "value"), [("chunk_bytes", 64 * 1024 * 1024), ("full_sync_interval", 0), ("transfer_dtype", "fp8")])
-def test_weights_config_is_checked_at_load_time(field: str, value: object) -> None:
+def test_follower_that_holds_a_version_follows_its_republished_lineage(tmp_path: Path) -> None:
+    states = [perturbed(random_state(1), 0.02, seed=v) for v in range(4)]
+    with open_weights_log(tmp_path) as log, log.producer() as producer:
+        first = WeightPublisher(producer, Codec(), TOPIC, "main")
+        for version in range(3):  # full 0, delta 1, delta 2
+            first.publish(states[version], version)
+        follower = WeightFollower(log, TOPIC, payload=True).start()
+        try:
+            assert follower.wait_caught_up(timeout=60)
+            assert follower.take()[0] == 2
+            restarted = WeightPublisher(producer, Codec(), TOPIC, "main")  # resumed from the checkpoint of version 2
+            restarted.publish(states[2], 2)  # republished in full: other payload bytes, same weights
+            restarted.publish(states[3], 3)  # a delta on the full version 2
+            assert follower.wait_for(3, timeout=60)
+            version, received = follower.take()
+        finally:
+            follower.close()
+    assert version == 3 and follower.skipped_deltas == 0
+    assert_bit_exact(received, to_transfer(states[3], "bf16"))
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"chunk_bytes": 64 * 1024 * 1024}, "chunk_bytes"),
+        ({"full_sync_interval": 0}, "full_sync_interval"),
+        ({"transfer_dtype": "fp8"}, "transfer_dtype"),
+        ({"keep_versions": 0}, "keep_versions"),
+        ({"transport": "s3"}, "transport"),
+        ({"transport": "store"}, "store"),
+        ({"transport": "store", "store": "s3://bucket/weights"}, "store"),
+        ({"retain": 3}, "retain"),
+    ],
+)
+def test_weights_config_is_checked_at_load_time(settings: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"weights.{field}"):
-        parse_config({"weights": {field: value}})
+        parse_config({"weights": settings})
+
+
+def test_weights_config_accepts_a_store_and_larger_chunks(tmp_path: Path) -> None:
+    weights = parse_config({"weights": {"transport": "store", "store": tmp_path.as_uri(), "chunk_bytes": 32 * 1024 * 1024,
+                                        "keep_versions": 2}}).weights
+    assert (weights.transport, weights.store, weights.keep_versions) == ("store", tmp_path.as_uri(), 2)

@@ -1,6 +1,7 @@
-"""Trainer backends, chosen by ``train.backend``: ``torch`` | ``deepspeed``.
+"""Trainer backends, chosen by ``train.backend``: ``torch`` | ``deepspeed`` | ``simulated``.
 
 ``build_backend`` is the only place that knows the names; DeepSpeed is imported only when chosen.
+``simulated`` computes nothing and sleeps each step's modelled time (capacity planning).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from astraflow.consumers.backends.base import TrainerBackend
 if TYPE_CHECKING:
     import torch
 
-    from astraflow.config import DeepSpeedOptions
+    from astraflow.config import DeepSpeedOptions, SimulatedTrainerOptions
 
 __all__ = ["TrainerBackend", "build_backend"]
 
@@ -26,6 +27,7 @@ def build_backend(
     weight_decay: float,
     max_grad_norm: float,
     deepspeed: DeepSpeedOptions | None = None,
+    simulated: SimulatedTrainerOptions | None = None,
 ) -> TrainerBackend:
     """The backend ``name`` over ``model`` with an AdamW of these settings."""
     if name == "torch":
@@ -38,4 +40,10 @@ def build_backend(
 
         options = deepspeed or DeepSpeedOptions()
         return DeepSpeedBackend(model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer)
-    raise ValueError(f"unknown trainer backend {name!r}; choose 'torch' or 'deepspeed'")
+    if name == "simulated":
+        from astraflow.config import SimulatedTrainerOptions
+        from astraflow.consumers.backends.simulated import SimulatedBackend, TrainTimeModel
+
+        options = simulated or SimulatedTrainerOptions()
+        return SimulatedBackend(model, TrainTimeModel.from_options(options), options.time_scale)
+    raise ValueError(f"unknown trainer backend {name!r}; choose 'torch', 'deepspeed' or 'simulated'")

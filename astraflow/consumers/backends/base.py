@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
+
+    from astraflow.consumers.policy_step import PolicyStepConfig, PolicyTrainer
 
 
 class OptimizerState(Protocol):
@@ -35,6 +38,12 @@ class TrainerBackend(ABC):
     def module(self) -> torch.nn.Module:
         """What to run the forward pass through (the model itself unless the backend wraps it)."""
         return self.model
+
+    def learner(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig) -> PolicyTrainer:
+        """What takes the trainer's steps over this backend: ``PolicyTrainer`` (the loss, then this optimizer)."""
+        from astraflow.consumers.policy_step import PolicyTrainer
+
+        return PolicyTrainer(model, pad_id, config, backend=self)
 
     @abstractmethod
     def zero_grad(self) -> None:

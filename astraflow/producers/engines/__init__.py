@@ -1,4 +1,4 @@
-"""Inference engines, chosen by ``engine.type``: ``torch`` | ``vllm`` | ``openai``.
+"""Inference engines, chosen by ``engine.type``: ``torch`` | ``vllm`` | ``openai`` | ``simulated``.
 
 ``build_engine`` is the only place that knows the names; each builder imports its backend lazily,
 so choosing ``openai`` never imports vLLM and a missing package fails with how to install it.
@@ -58,7 +58,14 @@ def _openai(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
     )
 
 
-ENGINES: dict[str, Callable[[EngineConfig, Path, int | None], Engine]] = {"torch": _torch, "vllm": _vllm, "openai": _openai}
+def _simulated(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
+    from astraflow.models.loading import load_tokenizer
+    from astraflow.producers.engines.simulated import SimulatedEngine
+
+    return SimulatedEngine(load_tokenizer(checkpoint), config.simulated, seed=seed)
+
+
+ENGINES: dict[str, Callable[[EngineConfig, Path, int | None], Engine]] = {"torch": _torch, "vllm": _vllm, "openai": _openai, "simulated": _simulated}
 
 
 def build_engine(config: EngineConfig, checkpoint: Path, seed: int | None = None) -> Engine:

@@ -1,4 +1,4 @@
-"""The multi-turn workflows named by ``rollout.workflow``: which environment each episode gets.
+"""The environments behind each multi-turn ``rollout.workflow``, and the reward each is scored by.
 
 - ``search``: ``SearchEnv`` over the BM25 index of ``agent.corpus_file`` (default: the corpus the
   ``search_facts`` task generated, ``{data_dir}/corpus.jsonl``); reward ``exact_match``.
@@ -7,18 +7,23 @@
 - ``rooms``: the bundled room-navigation game in process; reward ``env``.
 - ``http_env``: ``HttpEnv`` against ``agent.env_url``; reward ``env``.
 
-Resources shared by every episode (the index, the sandbox) are opened once, here.
+Resources shared by every episode (the index, the sandbox) are opened once, on first use or by
+``Environments.open`` (rollout producers open them at start-up, so a missing corpus or a broken
+sandbox stops them there; the task feeder, which only asks a workflow which policies it involves,
+never opens them). Rollout producers, the warm-up and the evaluator all build their environments
+here, so they play the same game.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from astraflow.config import AgentConfig
-from astraflow.envs.base import EnvFactory
+from astraflow.envs.base import EnvFactory, EpisodeEnv
+from astraflow.schemas.records import RolloutTask
 from astraflow.errors import ConfigError
-from astraflow.producers.multiturn import AgentLimits, MultiTurnWorkflow
 
 
 def _search_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
@@ -54,12 +59,10 @@ def _rooms_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
 def _http_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
     from astraflow.envs.http import HttpEnv
 
-    if not agent.env_url:
-        raise ConfigError("agent.env_url: the http_env workflow needs the environment server's URL")
     return lambda task, episode: HttpEnv(agent.env_url, task, episode, agent.env_timeout_s)
 
 
-WORKFLOWS: dict[str, tuple[str, Callable[[AgentConfig, Path | None], EnvFactory]]] = {
+ENVIRONMENTS: dict[str, tuple[str, Callable[[AgentConfig, Path | None], EnvFactory]]] = {
     "search": ("exact_match", _search_envs),
     "code": ("tests_passed", _code_envs),
     "rooms": ("env", _rooms_envs),
@@ -68,19 +71,37 @@ WORKFLOWS: dict[str, tuple[str, Callable[[AgentConfig, Path | None], EnvFactory]
 """Multi-turn workflow name → (the reward it is scored by, what builds its environments)."""
 
 
-def build_agent_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, temperature: float, agent: AgentConfig, data_dir: Path | None) -> MultiTurnWorkflow:
-    """The multi-turn workflow ``kind``; ``ConfigError`` naming the field when the config cannot run it."""
-    if kind not in WORKFLOWS:
-        raise ConfigError(f"rollout.workflow: unknown workflow {kind!r}; choose 'single_turn' or one of {sorted(WORKFLOWS)}")
-    scored_by, environments = WORKFLOWS[kind]
+def is_multi_turn(workflow: str) -> bool:
+    return workflow in ENVIRONMENTS
+
+
+class Environments:
+    """The ``EnvFactory`` of one workflow; its shared resources are opened once, on first use."""
+
+    def __init__(self, workflow: str, agent: AgentConfig, data_dir: Path | None) -> None:
+        self.workflow = workflow
+        self._build = lambda: ENVIRONMENTS[workflow][1](agent, data_dir)
+        self._factory: EnvFactory | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> EnvFactory:
+        """Open the shared resources now (``ConfigError`` / ``SandboxUnavailableError`` if they cannot be)."""
+        with self._lock:
+            if self._factory is None:
+                self._factory = self._build()
+            return self._factory
+
+    def __call__(self, task: RolloutTask, episode: int) -> EpisodeEnv:
+        return self.open()(task, episode)
+
+
+def open_environments(workflow: str, reward: str, agent: AgentConfig, data_dir: Path | None) -> Environments:
+    """The environments of ``workflow``; ``ConfigError`` naming the field when the config cannot run them."""
+    if workflow not in ENVIRONMENTS:
+        raise ConfigError(f"rollout.workflow: unknown workflow {workflow!r}; choose 'single_turn' or one of {sorted(ENVIRONMENTS)}")
+    scored_by = ENVIRONMENTS[workflow][0]
     if reward != scored_by:
-        raise ConfigError(f"rollout.reward: workflow {kind!r} is scored by {scored_by!r}, not {reward!r}")
-    limits = AgentLimits(
-        max_turns=agent.max_turns,
-        max_new_tokens=max_new_tokens,
-        max_total_tokens=agent.max_total_tokens,
-        max_observation_tokens=agent.max_observation_tokens,
-        max_tool_seconds=agent.max_tool_seconds,
-        tool_workers=agent.tool_workers,
-    )
-    return MultiTurnWorkflow(policy, environments(agent, data_dir), limits, temperature)
+        raise ConfigError(f"rollout.reward: workflow {workflow!r} is scored by {scored_by!r}, not {reward!r}")
+    if workflow == "http_env" and not agent.env_url:
+        raise ConfigError("agent.env_url: the http_env workflow needs the environment server's URL")
+    return Environments(workflow, agent, data_dir)

@@ -1,0 +1,176 @@
+"""Agentic workloads: reward and success rate against wall time, and sandbox executions per second.
+
+Each example named by ``--examples`` (default: ``search``, the tool-use run, and ``code``) runs as
+``astraflow run examples/<name>/config.yaml`` with every component its own process on the
+embedded log, for ``--minutes`` after its warm-up (or until its ``stop`` conditions). From the
+run's ``metrics.jsonl``: the evaluator's greedy held-out success (``eval.accuracy``, one episode
+per held-out task) and the producers' mean sampled reward per batch (``rollout.mean_reward``),
+against seconds since the components started; the warm-up (base checkpoint, cached under
+``$ASTRAFLOW_CACHE`` like a user's) is timed apart. ``--cold`` gives each run a fresh cache.
+
+Sandbox throughput: ``--sandbox-runs`` executions of a one-line program (read n, print 3n+1) in
+each backend that works here, one at a time and from ``--workers`` threads, the way the code
+environment's ``tool_workers`` run tests; executions/s and the median wall time of one run.
+
+The machine is whatever it is (2 shared cores in this project): the load average at the start and
+end of each part is recorded. Writes ``benchmarks/results/agentic.json`` and ``agentic.png``.
+
+    .venv/bin/python benchmarks/agentic.py [--examples search,code] [--minutes 4] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+ASTRAFLOW = Path(sys.executable).with_name("astraflow")
+
+
+def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
+    """``astraflow run`` of one example; its curves, summary and timings."""
+    raw = yaml.safe_load((REPO / "examples" / name / "config.yaml").read_text())
+    raw["run"] = f"bench-{name}"
+    raw.setdefault("stop", {})["max_minutes"] = minutes
+    config = work / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run_dir = work / name
+    env = dict(os.environ)
+    if cold:
+        env["ASTRAFLOW_CACHE"] = str(work / f"cache-{name}")
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"astraflow run {name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    warmup = json.loads((run_dir / "base" / "warmup.json").read_text()) if (run_dir / "base" / "warmup.json").is_file() else None
+
+    def curve(metric: str) -> list[dict]:
+        return [{"seconds": row["wall_s"], "version": row["step"], "value": row["value"]} for row in sorted(rows, key=lambda r: r["wall_s"]) if row["name"] == metric]
+
+    return {
+        "example": name,
+        "config": raw,
+        "total_seconds": time.perf_counter() - started,
+        "warmup_seconds": summary["warmup_seconds"],
+        "warmup": warmup,
+        "summary": summary,
+        "heldout_success": curve("eval.accuracy"),
+        "sampled_reward": curve("rollout.mean_reward"),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+
+
+def sandbox_throughput(runs: int, workers: int) -> list[dict]:
+    """Executions/s of each working backend, sequential and with ``workers`` threads."""
+    from astraflow.sandbox import BACKENDS, SandboxLimits, probe
+
+    program, results = "n=int(input())\nprint(n*3+1)\n", []
+    for name, backend in BACKENDS.items():
+        box = backend(SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_mb=256))
+        problem = probe(box)
+        if problem is not None:
+            results.append({"backend": name, "error": problem})
+            continue
+        entry = {"backend": name, "loadavg_before": os.getloadavg()}
+        for threads in (1, workers):
+            latencies: list[float] = []
+
+            def one(i: int) -> None:
+                t0 = time.perf_counter()
+                result = box.run_python(program, stdin=f"{i}\n")
+                latencies.append(time.perf_counter() - t0)
+                if result.stdout.strip() != str(3 * i + 1):
+                    raise RuntimeError(f"{name}: wrong output {result.stdout!r} ({result.describe()})")
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(one, range(runs)))
+            elapsed = time.perf_counter() - started
+            entry[f"threads_{threads}"] = {"executions_per_s": runs / elapsed, "median_ms": 1000 * statistics.median(latencies), "runs": runs}
+        entry["loadavg_after"] = os.getloadavg()
+        results.append(entry)
+    return results
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    figure, axes = plt.subplots(1, len(runs) + 1, figsize=(5.5 * (len(runs) + 1), 4.2))
+    for ax, run in zip(axes, runs):
+        success, sampled = run["heldout_success"], run["sampled_reward"]
+        ax.plot([p["seconds"] for p in success], [p["value"] for p in success], "o-", label="held-out success (greedy, evaluator)")
+        ax.plot([p["seconds"] for p in sampled], [p["value"] for p in sampled], ".", alpha=0.5, label="sampled reward (rollout batches)")
+        ax.set_title(f"{run['example']} (warm-up {run['warmup_seconds']:.0f} s, not shown)")
+        ax.set_xlabel("seconds since the components started")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[0].set_ylabel("reward / success rate")
+    bars = axes[-1]
+    names, values = [], []
+    for entry in report["sandbox"]:
+        for key, stats in entry.items():
+            if key.startswith("threads_"):
+                names.append(f"{entry['backend']}\n{key.split('_')[1]} thread(s)")
+                values.append(stats["executions_per_s"])
+    bars.bar(names, values, color="tab:green")
+    bars.set_title("sandbox executions per second")
+    bars.set_ylabel("executions / s")
+    figure.suptitle(f"AstraFlow agentic examples on {report['machine']['cpus']} CPUs (load avg at start {report['machine']['loadavg_at_start'][0]:.1f})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", default="search,code", help="comma-separated example names under examples/")
+    parser.add_argument("--minutes", type=float, default=4.0, help="stop.max_minutes of each run (after its warm-up)")
+    parser.add_argument("--cold", action="store_true", help="warm each base checkpoint up anew (own cache per run)")
+    parser.add_argument("--sandbox-runs", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=RESULTS / "agentic.json")
+    args = parser.parse_args()
+
+    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}, "args": {k: str(v) for k, v in vars(args).items()}}
+    report["sandbox"] = sandbox_throughput(args.sandbox_runs, args.workers)
+    work = Path(tempfile.mkdtemp(prefix="astraflow-agentic-"))
+    try:
+        report["runs"] = [run_example(name, args.minutes, work, args.cold) for name in args.examples.split(",")]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for run in report["runs"]:
+        s = run["summary"]
+        print(f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} (final {s['final_accuracy']:.3f}) "
+              f"in {s['versions']} versions, {s['wall_seconds']:.0f} s after a {run['warmup_seconds']:.0f} s warm-up")
+    for entry in report["sandbox"]:
+        rates = {k: round(v["executions_per_s"], 1) for k, v in entry.items() if k.startswith("threads_")}
+        print(f"sandbox {entry['backend']}: {rates or entry.get('error')} executions/s")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1))
+    plot(report, args.output.with_suffix(".png"))
+    print(f"wrote {args.output} and its .png")
+
+
+if __name__ == "__main__":
+    main()
