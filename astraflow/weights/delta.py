@@ -58,6 +58,10 @@ D4 = "+d4"
 ENCODINGS = ("none", "raw", *POSITIONS, *(p + D4 for p in POSITIONS))
 _D4_ESCAPE = 8
 """The nibble 0b1000 (-8): this change's new value is in the exceptions array."""
+SCAN_ELEMENTS = 1 << 20
+"""Elements compared at a time when looking for changes: the mask stays in cache and is reused."""
+BLOCK_WORDS = 1 << 14
+"""Gap words decoded and applied at a time: their positions and values stay in the CPU cache."""
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 _D4_PAIRS = np.array([[((b & 15) ^ 8) - 8, ((b >> 4) ^ 8) - 8] for b in range(256)], dtype=np.int8)
 """[256, 2]: a packed byte's two signed 4-bit differences (low nibble first); one lookup decodes both."""
@@ -214,9 +218,10 @@ def apply_section(section: Section, target: np.ndarray) -> None:
         return
     escape = np.iinfo(section.stream.dtype).max
     previous = -1  # position of the last change before the block
+    buffer = np.empty(min(BLOCK_WORDS, section.stream.size), dtype=np.int64)  # reused: no allocation per block
     for start in range(0, section.stream.size, BLOCK_WORDS):
         words = section.stream[start : start + BLOCK_WORDS]
-        steps = np.add(words, 1, dtype=np.int64)  # [block] a change word moves gap + 1 elements
+        steps = np.add(words, 1, dtype=np.int64, out=buffer[: words.size])  # [block] a change word moves gap + 1 elements
         is_escape = words == escape if section.escapes else None
         if is_escape is not None and is_escape.any():
             steps[is_escape] = escape  # an escape word moves E elements and is no change
@@ -226,9 +231,6 @@ def apply_section(section: Section, target: np.ndarray) -> None:
         np.cumsum(steps, out=steps)  # [block] position reached after each word
         previous = int(steps[-1])
         writer.write(steps if is_escape is None else steps[~is_escape])
-
-
-BLOCK_WORDS = 1 << 14
 
 
 class _ChangeWriter:
@@ -253,11 +255,9 @@ class _ChangeWriter:
         values = self.target[positions]  # old bits
         values += diffs  # modulo 2**bits
         if section.exceptions.size:
-            escaped = diffs == -_D4_ESCAPE
-            taken = int(np.count_nonzero(escaped))
-            if taken:
-                values[escaped] = section.exceptions[self.escaped : self.escaped + taken]
-                self.escaped += taken
+            escaped = np.flatnonzero(diffs == -_D4_ESCAPE)
+            values[escaped] = section.exceptions[self.escaped : self.escaped + escaped.size]
+            self.escaped += escaped.size
         self.target[positions] = values
 
 
@@ -273,10 +273,6 @@ def decode_section(section: Section, base: np.ndarray | None) -> np.ndarray:
     out = base.copy()
     apply_section(section, out)
     return out
-
-
-SCAN_ELEMENTS = 1 << 20
-"""Elements compared at a time when looking for changes: the mask stays in cache and is reused."""
 
 
 def _changed_sparsely(new: np.ndarray, base: np.ndarray) -> np.ndarray | None:
