@@ -25,7 +25,7 @@ versions, measured); with the sum's half, the ranking is: the sum (1) > copying 
 carry its name, so the producer sends them to that policy's topic, trained by its own stream
 processor and trainer. The judge is warmed up on false claims only (``load_policy_split``). So
 made, the judge learns: 0.67 → 0.84 held-out judgement accuracy in 136 versions of the
-benchmark's single-process loop, 0.67 → 0.76 in the 4-minute end-to-end run.
+benchmark's single-process loop, 0.67 → 0.775 in the 4-minute end-to-end run.
 
 Ids are deterministic (near misses too: drawn from a CRC of the claim's id): answers
 ``{task_id}/{i}`` in group ``{task_id}``, judgements ``{task_id}/{j}/0`` in group ``{task_id}``
