@@ -4,7 +4,9 @@ A hidden integer function (``n*3+1``, ``n*n+4``, ``n%5``, ``n//3+2`` …) is sho
 ``"f(2)=7 f(5)=16 f(0)=1\\n"``; the policy writes a Python program that reads ``n`` from stdin and
 prints ``f(n)``. The reference (a JSON string) holds five tests, the three shown plus two hidden,
 and one solution, which only warm-up demonstrations use; the reward is the fraction of tests the
-program passes in the sandbox (``astraflow.envs.code``).
+program passes in the sandbox (``astraflow.envs.code``). The constant functions (``f(n)=42``, a
+little over a quarter of the problems) are the easy slice a tiny model solves by copying, so its
+rewards vary from the start; the others take arithmetic.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from astraflow.tasks.arithmetic import Problem
 
 FAMILIES: dict[str, tuple[Callable[[int, int, int], int], str, list[tuple[int, int]]]] = {
+    "const": (lambda n, a, b: b, "{b}", [(0, b) for b in range(100)]),
     "lin": (lambda n, a, b: n * a + b, "n*{a}+{b}", [(a, b) for a in range(1, 10) for b in range(20)]),
     "sq": (lambda n, a, b: n * n + b, "n*n+{b}", [(0, b) for b in range(20)]),
     "mod": (lambda n, a, b: n % a, "n%{a}", [(a, 0) for a in range(2, 10)]),
