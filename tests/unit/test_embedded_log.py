@@ -4,6 +4,7 @@ header packing, retention, compaction, commit fencing and concurrent writers."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,15 @@ from astraflow.errors import LogError
 from astraflow.log import TopicPartition, TopicSpec
 from astraflow.log.embedded import EmbeddedLog
 from astraflow.log.embedded_groups import assign_round_robin
-from astraflow.log.embedded_store import now_ms, pack_headers, unpack_headers
+from astraflow.log.embedded_store import (
+    CHECKPOINT_WAL_BYTES,
+    WAL_SIZE_LIMIT_BYTES,
+    Checkpointer,
+    now_ms,
+    pack_headers,
+    unpack_headers,
+    wal_bytes_waiting,
+)
 
 
 @pytest.fixture
@@ -118,3 +127,34 @@ def test_concurrent_producers_get_contiguous_offsets(log: EmbeddedLog) -> None:
 def test_invalid_topic_specs_name_the_field(log: EmbeddedLog, spec: TopicSpec, message: str) -> None:
     with pytest.raises(LogError, match=message):
         log.create_topic(spec)
+
+
+def _write_big(log: EmbeddedLog, topic: str, count: int, after_each=None) -> None:
+    with log.producer() as producer:
+        for _ in range(count):
+            producer.send(topic, bytes(4 * 1024 * 1024), partition=0)
+            producer.flush()
+            if after_each is not None:
+                after_each()
+
+
+def test_the_checkpointer_thread_copies_big_writes_back_into_the_file(tmp_path: Path) -> None:
+    with EmbeddedLog(tmp_path / "log.sqlite") as log:
+        log.create_topic(TopicSpec("big", partitions=1, max_message_bytes=8 * 1024 * 1024))
+        _write_big(log, "big", 3)
+        shm = tmp_path / "log.sqlite-shm"
+        deadline = time.monotonic() + 30
+        while wal_bytes_waiting(shm) >= CHECKPOINT_WAL_BYTES:  # commits no longer checkpoint: the thread must
+            assert time.monotonic() < deadline, f"{wal_bytes_waiting(shm)} bytes still wait after 30 s"
+            time.sleep(0.05)
+        assert [offset for offset, _, _ in read_all(log, "big")] == [0, 1, 2]
+
+
+def test_writers_checkpoint_themselves_when_the_thread_falls_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Checkpointer, "_run", lambda self: None)  # a thread that never checkpoints
+    with EmbeddedLog(tmp_path / "log.sqlite") as log:
+        log.create_topic(TopicSpec("big", partitions=1, max_message_bytes=8 * 1024 * 1024))
+        seen: list[int] = []
+        _write_big(log, "big", 24, lambda: seen.append(wal_bytes_waiting(tmp_path / "log.sqlite-shm")))
+        assert max(seen) <= WAL_SIZE_LIMIT_BYTES, seen  # 96 MiB written, never more than the limit waiting
+        assert log.end_offsets("big") == {0: 24}
