@@ -25,7 +25,7 @@ def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
         rollout={"producers": 1, "prompts_per_generation": 2},
         train={"batch_samples": 256},
         scaler={"enabled": True, "min_producers": 1, "max_producers": 2, "window_s": 10, "interval_s": 3, "cooldown_s": 10},
-        stop={"max_minutes": 3, "target_accuracy": None},
+        stop={"max_minutes": 1.5, "target_accuracy": None},  # the first decision comes after ~10 s of training
     )
     result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
                             capture_output=True, text=True, timeout=900)

@@ -1,6 +1,6 @@
 """Reliability under faults (issue #8): kill -9 every kind of component, restart the broker; nothing is lost.
 
-During a math run, ``FaultInjector`` SIGKILLs each component kind twice (trainer, stream processor,
+During a math run, ``FaultInjector`` SIGKILLs each component kind once (trainer, stream processor,
 rollout producer, feeder, evaluator), a random 1-2 versions apart, each time waiting for the launcher
 to start the replacement; on Kafka it also restarts the broker once (a dedicated ``LocalKafkaBroker``
 with its own data, stopped and started on the same ports). Afterwards ``astraflow audit`` must find
@@ -23,6 +23,9 @@ from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 MAX_VERSIONS = 40
+KILLS_PER_KIND = 1
+"""Once per kind here (each kill costs ~10-20 s of restart, and on Kafka a session timeout);
+``benchmarks/chaos.py`` kills each kind four times and restarts the broker twice."""
 MARGIN = 0.05
 """Mean held-out exact match of the versions evaluated in the run's second half over the base: the
 clean main job gains 0.08-0.17 there (benchmarks/results/main_job_summary.json); one evaluation on
@@ -49,9 +52,9 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
 
 
 def check(summary: dict, audit: dict, injector: FaultInjector) -> None:
-    # every kill was survived: the launcher restarted each kind at least twice, and said so in the metrics
+    # every kill was survived: the launcher restarted each kind, and said so in the metrics
     restarted = Counter(name.split("-", 1)[0] for name, n in summary["restarts"].items() for _ in range(n))
-    assert all(restarted[kind] >= 2 and injector.probe.restarts[kind] >= 2 for kind in KINDS), (restarted, injector.report())
+    assert all(restarted[kind] >= KILLS_PER_KIND and injector.probe.restarts[kind] >= KILLS_PER_KIND for kind in KINDS), (restarted, injector.report())
     # every trajectory has exactly one fate
     [policy] = audit["policies"]
     assert audit["ok"] and not policy["lost"] and not policy["trained_twice"], audit
@@ -63,7 +66,7 @@ def check(summary: dict, audit: dict, injector: FaultInjector) -> None:
 
 
 def test_embedded_run_survives_kills(run_dir: Path) -> None:
-    summary, audit, injector = fault_run(run_dir, "faults", schedule(kills_per_kind=2, broker_restarts=0, seed=1))
+    summary, audit, injector = fault_run(run_dir, "faults", schedule(kills_per_kind=KILLS_PER_KIND, broker_restarts=0, seed=1))
     check(summary, audit, injector)
 
 
@@ -77,7 +80,7 @@ def test_kafka_run_survives_kills_and_a_broker_restart(run_dir: Path, tmp_path: 
     except Exception as exc:  # any start failure: a skip with the reason, fatal in CI
         unavailable(f"no Kafka broker for the fault test: {type(exc).__name__}: {exc}", exc)
     try:
-        summary, audit, injector = fault_run(run_dir, f"faults{unique}", schedule(kills_per_kind=2, broker_restarts=1, seed=2),
+        summary, audit, injector = fault_run(run_dir, f"faults{unique}", schedule(kills_per_kind=KILLS_PER_KIND, broker_restarts=1, seed=2),
                                              "--backend", "kafka", "--bootstrap", broker.bootstrap, broker=broker, bootstrap=broker.bootstrap)
     finally:
         broker.stop()
