@@ -17,7 +17,7 @@ import numbers
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -101,6 +101,32 @@ class SingleTurnWorkflow(Workflow):
         return outcomes
 
 
+class IndependentPolicies(Workflow):
+    """Several policies, each playing the same tasks on its own with its own workflow (its narrowed
+    config: group size, token budget, temperature): a population of policies trained side by side,
+    e.g. to compare recipes on one stream of tasks. Each task yields one group per policy."""
+
+    def __init__(self, workflows: dict[str, Workflow], group_sizes: dict[str, int]) -> None:
+        self.workflows = workflows
+        self.group_sizes = group_sizes
+        self.policies = tuple(workflows)
+
+    def open(self) -> None:
+        for workflow in self.workflows.values():
+            workflow.open()
+
+    def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+        outcomes = [TaskOutcome(task) for task in tasks]
+        for policy, workflow in self.workflows.items():
+            sized = [replace(task, group_size=self.group_sizes[policy]) for task in tasks]
+            for outcome, played in zip(outcomes, workflow.run_batch(engines, sized, provenance)):
+                if outcome.error is None and played.error is not None:
+                    outcome.trajectories, outcome.error = [], played.error  # the task fails as a whole
+                elif outcome.error is None:
+                    outcome.trajectories.extend(played.trajectories)
+        return outcomes
+
+
 def make_trajectory(task: RolloutTask, index: int, policy: str, transcript: Transcript, components: dict[str, float], finish_reason: str,
                     text: str, provenance: Provenance, *, generate_ms: float, reward_ms: float) -> Trajectory:
     """The Trajectory of sample ``index`` of ``task``: every workflow builds its records here.
@@ -175,11 +201,19 @@ def build_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, tem
 
 def build_run_workflow(config: RunConfig, data_dir: Path | None = None) -> Workflow:
     """The workflow of a run config: a multi-policy one (``collab_workflows.py``) gets the policies'
-    narrowed configs, the others the single ``policy``."""
+    narrowed configs; with several policies, any other workflow is played by each policy on its
+    own (``IndependentPolicies``); else the single ``policy``'s."""
     cfg = config.for_policy(config.policy_names()[0]) if config.policies else config
     r = cfg.rollout
     if r.workflow == "solver_verifier":
         from astraflow.producers.collab_workflows import build_collab_workflow
 
         return build_collab_workflow(r.workflow, [config.for_policy(name) for name in config.policy_names()])
+    if len(config.policy_names()) > 1:
+        narrowed = {name: config.for_policy(name) for name in config.policy_names()}
+        return IndependentPolicies(
+            {name: build_workflow(c.rollout.workflow, name, c.rollout.reward, c.rollout.max_new_tokens, c.rollout.temperature, c.agent, data_dir)
+             for name, c in narrowed.items()},
+            {name: c.rollout.group_size for name, c in narrowed.items()},
+        )
     return build_workflow(r.workflow, cfg.policy, r.reward, r.max_new_tokens, r.temperature, cfg.agent, data_dir)

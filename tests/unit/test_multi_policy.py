@@ -226,3 +226,23 @@ def test_lockstep_tasks_carry_the_versions_producers_wait_for(tmp_path: Path) ->
         assert feeder.capacity({"solver": 3, "verifier": -1}, Counter()) == feeder.budgets["verifier"].tasks_per_batch
     finally:
         ctx.close()
+
+
+def test_three_policies_each_play_every_task_with_their_own_group_size() -> None:
+    workflow = build_run_workflow(parse_config(THREE))
+    assert workflow.policies == ("alpha", "beta", "gamma")
+    engines = {"alpha": ScriptedTextEngine(lambda p, j: "47", version=1),  # always right
+               "beta": ScriptedTextEngine(lambda p, j: "47" if j == 0 else "0", version=2),
+               "gamma": ScriptedTextEngine(lambda p, j: "9", version=3)}  # always wrong
+    outcomes = workflow.run_batch(engines, [task(12, 35), task(1, 2)], PROVENANCE)
+    assert [outcome.task.task_id for outcome in outcomes] == ["add-12-35@0", "add-1-2@0"]
+    first = outcomes[0].trajectories
+    by_policy = Counter(t.policy for t in first)
+    assert by_policy == {"alpha": 4, "beta": 4, "gamma": 2}
+    assert {(t.policy, t.group_size) for t in first} == {("alpha", 4), ("beta", 4), ("gamma", 2)}
+    assert [t.reward for t in first if t.policy == "beta"] == [1.0, 0.0, 0.0, 0.0]
+    assert {t.reward for t in first if t.policy == "gamma"} == {0.0} and {t.reward for t in first if t.policy == "alpha"} == {1.0}
+    assert {int(t.token_versions.max()) for t in first if t.policy == "beta"} == {2}
+    assert all(len(engine.prompts) == 2 for engine in engines.values())  # each policy saw each task once
+    budgets = policy_budgets(parse_config(THREE))
+    assert set(budgets) == {"alpha", "beta", "gamma"} and budgets["gamma"].tasks_per_batch == 32  # 64 samples / groups of 2
