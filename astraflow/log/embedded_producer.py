@@ -110,11 +110,11 @@ class EmbeddedProducer(Producer):
     def flush(self, timeout: float = 30.0) -> None:
         with self._flush_lock:
             with self._queue_lock:
-                batch, self._queue, self._queued_bytes = self._queue, [], 0
+                batch, self._queue, nbytes, self._queued_bytes = self._queue, [], self._queued_bytes, 0
             if not batch:
                 return
             try:
-                failures = self._store.write(lambda conn: self._append(conn, batch), timeout)
+                failures = self._store.write(lambda conn: self._append(conn, batch), timeout, nbytes)
             except LogError as exc:
                 raise DeliveryError(f"{len(batch)} records not written to {self._store.path}: {exc}") from exc
         if failures:

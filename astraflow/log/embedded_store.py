@@ -19,8 +19,8 @@ deadline, raises ``LogError``. Reads run in a deferred transaction, so each sees
 
 Checkpoints (copying the write-ahead log back into the file) are not run by ``COMMIT``, where
 SQLite puts them by default and where they took two thirds of the time of a large write: each
-process runs them on a thread of its own (``Checkpointer``) once its writes have grown the
-write-ahead log past ``CHECKPOINT_WAL_BYTES``. A record is readable from its ``COMMIT`` on either way.
+process runs them on a thread of its own (``Checkpointer``) once it has written
+``CHECKPOINT_WAL_BYTES``. A record is readable from its ``COMMIT`` on either way.
 """
 
 from __future__ import annotations
@@ -97,16 +97,27 @@ CREATE TABLE IF NOT EXISTS committed_offsets (
 
 
 CHECKPOINT_WAL_BYTES = 4 * 1024 * 1024
-"""A process's checkpointer runs once the write-ahead log is at least this big (SQLite's default
-automatic checkpoint is at 1000 pages, 4 MiB)."""
+"""A process's checkpointer runs once its writes since the last checkpoint reach this many bytes
+(SQLite's default automatic checkpoint is at 1000 pages, 4 MiB)."""
+
+SMALL_WRITE_BYTES = 8 * 1024
+"""What a write transaction counts for at least: the pages of its rows and of the indexes it updates."""
 
 
 class Checkpointer:
     """One thread per process and log file that runs passive checkpoints after writes.
 
-    A passive checkpoint copies what no reader still needs and never blocks readers or writers;
-    whatever it leaves, the next one takes. A process killed mid-checkpoint loses nothing (SQLite
-    recovers the write-ahead log on the next open).
+    It counts the bytes this process wrote (each transaction at least ``SMALL_WRITE_BYTES``) and
+    runs once they reach ``CHECKPOINT_WAL_BYTES``; a writer that finds ``WAL_SIZE_LIMIT_BYTES``
+    counted and not yet checkpointed runs the checkpoint itself, so the write-ahead log stays
+    bounded. A passive checkpoint copies what no reader still needs and never blocks readers or
+    writers; whatever it leaves, the next one takes. A process killed mid-checkpoint loses nothing
+    (SQLite recovers the write-ahead log on the next open).
+
+    Nothing here opens the ``-wal`` or ``-shm`` files except through SQLite: closing any file
+    descriptor of a file drops every POSIX lock the process holds on it, SQLite's included, which
+    is how databases get corrupted (https://sqlite.org/howtocorrupt.html, section 2.2). (An earlier
+    version read the wal-index header with ``open()``; a benchmark's log came out malformed.)
     """
 
     _registry: dict[tuple[int, Path], Checkpointer] = {}
@@ -122,42 +133,35 @@ class Checkpointer:
             return cls._registry[key]
 
     def __init__(self, path: Path) -> None:
-        self._shm = Path(f"{path}-shm")
         self._path = path
+        self._lock = threading.Lock()
+        self._pending = 0  # bytes written since the thread was last woken
+        self._unchecked = 0  # bytes written since the last checkpoint finished
         self._wake = threading.Event()
         threading.Thread(target=self._run, name=f"checkpoint {path.name}", daemon=True).start()
 
-    def written(self) -> int:
-        """A write transaction committed: wake the thread once ``CHECKPOINT_WAL_BYTES`` wait in the
-        write-ahead log. Returns the bytes waiting."""
-        waiting = wal_bytes_waiting(self._shm)
-        if waiting >= CHECKPOINT_WAL_BYTES:
-            self._wake.set()
-        return waiting
+    def written(self, nbytes: int) -> int:
+        """A write transaction of about ``nbytes`` committed: wake the thread once enough waits.
+        Returns the bytes written since the last finished checkpoint."""
+        with self._lock:
+            size = max(nbytes, SMALL_WRITE_BYTES)
+            self._pending += size
+            self._unchecked += size
+            if self._pending >= CHECKPOINT_WAL_BYTES:
+                self._pending = 0
+                self._wake.set()
+            return self._unchecked
+
+    def checkpointed(self) -> None:
+        with self._lock:
+            self._unchecked = 0
 
     def _run(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
             checkpoint(self._path)
-
-
-def wal_bytes_waiting(shm: Path) -> int:
-    """Bytes of frames in the write-ahead log not yet copied into the file, from the header of the
-    wal-index (the ``-shm`` file, https://sqlite.org/walformat.html): ``mxFrame`` (u32 at 16) less
-    ``nBackfill`` (u32 at 96), times the page size (u16 at 14; 1 means 65536) plus 24 bytes of
-    frame header. If the index cannot be read, ``CHECKPOINT_WAL_BYTES``: checkpoint to be safe."""
-    try:
-        with open(shm, "rb") as index:
-            head = index.read(100)
-    except OSError:
-        return CHECKPOINT_WAL_BYTES
-    if len(head) < 100:
-        return CHECKPOINT_WAL_BYTES
-    (page,) = struct.unpack_from("=H", head, 14)
-    (frames,) = struct.unpack_from("=I", head, 16)
-    (backfilled,) = struct.unpack_from("=I", head, 96)
-    return max(frames - backfilled, 0) * ((65536 if page == 1 else page) + 24)
+            self.checkpointed()
 
 
 def checkpoint(path: Path, conn: sqlite3.Connection | None = None) -> None:
@@ -206,14 +210,16 @@ class Store:
         """Create the tables if this is a new file (every statement is ``IF NOT EXISTS``)."""
         self.write(lambda conn: [conn.execute(stmt) for stmt in SCHEMA.split(";") if stmt.strip()])
 
-    def write(self, work: Callable[[sqlite3.Connection], T], timeout: float = 30.0) -> T:
-        """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; it may run again after a busy error."""
+    def write(self, work: Callable[[sqlite3.Connection], T], timeout: float = 30.0, nbytes: int = 0) -> T:
+        """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; it may run again after a busy error.
+        ``nbytes``: about how many bytes it writes (record payloads), for the checkpointer."""
         result = self._retry(lambda: self._transaction("BEGIN IMMEDIATE", work), timeout)
-        if self._checkpointer.written() > WAL_SIZE_LIMIT_BYTES:
+        if self._checkpointer.written(nbytes) > WAL_SIZE_LIMIT_BYTES:
             # writes outrun the thread: this writer checkpoints itself, as SQLite does by default,
             # so the write-ahead log cannot grow without bound
             with self._lock:
                 checkpoint(self.path, self._conn)
+            self._checkpointer.checkpointed()
         return result
 
     def read(self, work: Callable[[sqlite3.Connection], T], timeout: float = 30.0) -> T:

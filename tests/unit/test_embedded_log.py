@@ -3,6 +3,8 @@ header packing, retention, compaction, commit fencing and concurrent writers."""
 
 from __future__ import annotations
 
+import multiprocessing
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -13,15 +15,8 @@ from astraflow.errors import LogError
 from astraflow.log import TopicPartition, TopicSpec
 from astraflow.log.embedded import EmbeddedLog
 from astraflow.log.embedded_groups import assign_round_robin
-from astraflow.log.embedded_store import (
-    CHECKPOINT_WAL_BYTES,
-    WAL_SIZE_LIMIT_BYTES,
-    Checkpointer,
-    now_ms,
-    pack_headers,
-    unpack_headers,
-    wal_bytes_waiting,
-)
+from astraflow.log import embedded_store
+from astraflow.log.embedded_store import WAL_SIZE_LIMIT_BYTES, Checkpointer, now_ms, pack_headers, unpack_headers
 
 
 @pytest.fixture
@@ -129,32 +124,85 @@ def test_invalid_topic_specs_name_the_field(log: EmbeddedLog, spec: TopicSpec, m
         log.create_topic(spec)
 
 
-def _write_big(log: EmbeddedLog, topic: str, count: int, after_each=None) -> None:
+def _write_big(log: EmbeddedLog, topic: str, count: int) -> None:
     with log.producer() as producer:
         for _ in range(count):
             producer.send(topic, bytes(4 * 1024 * 1024), partition=0)
             producer.flush()
-            if after_each is not None:
-                after_each()
 
 
-def test_the_checkpointer_thread_copies_big_writes_back_into_the_file(tmp_path: Path) -> None:
+def _integrity(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Who ran each checkpoint: ``thread`` (the Checkpointer's) or ``writer``."""
+    calls: list[str] = []
+    real = embedded_store.checkpoint
+
+    def recording(path: Path, conn=None) -> None:
+        calls.append("writer" if conn is not None else "thread")
+        real(path, conn)
+
+    monkeypatch.setattr(embedded_store, "checkpoint", recording)
+    return calls
+
+
+def test_the_checkpointer_thread_runs_after_big_writes_not_the_writer(tmp_path: Path, checkpoints: list[str]) -> None:
     with EmbeddedLog(tmp_path / "log.sqlite") as log:
         log.create_topic(TopicSpec("big", partitions=1, max_message_bytes=8 * 1024 * 1024))
-        _write_big(log, "big", 3)
-        shm = tmp_path / "log.sqlite-shm"
+        _write_big(log, "big", 3)  # 12 MiB: past CHECKPOINT_WAL_BYTES, not past WAL_SIZE_LIMIT_BYTES
         deadline = time.monotonic() + 30
-        while wal_bytes_waiting(shm) >= CHECKPOINT_WAL_BYTES:  # commits no longer checkpoint: the thread must
-            assert time.monotonic() < deadline, f"{wal_bytes_waiting(shm)} bytes still wait after 30 s"
-            time.sleep(0.05)
-        assert [offset for offset, _, _ in read_all(log, "big")] == [0, 1, 2]
+        while "thread" not in checkpoints:
+            assert time.monotonic() < deadline, "no checkpoint 30 s after 12 MiB of writes"
+            time.sleep(0.02)
+        assert "writer" not in checkpoints
+        assert log.end_offsets("big") == {0: 3}
+    assert _integrity(tmp_path / "log.sqlite") == "ok"
 
 
-def test_writers_checkpoint_themselves_when_the_thread_falls_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_writers_checkpoint_themselves_when_the_thread_falls_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    checkpoints: list[str]) -> None:
     monkeypatch.setattr(Checkpointer, "_run", lambda self: None)  # a thread that never checkpoints
     with EmbeddedLog(tmp_path / "log.sqlite") as log:
         log.create_topic(TopicSpec("big", partitions=1, max_message_bytes=8 * 1024 * 1024))
-        seen: list[int] = []
-        _write_big(log, "big", 24, lambda: seen.append(wal_bytes_waiting(tmp_path / "log.sqlite-shm")))
-        assert max(seen) <= WAL_SIZE_LIMIT_BYTES, seen  # 96 MiB written, never more than the limit waiting
+        _write_big(log, "big", 24)  # 96 MiB
+        assert checkpoints and set(checkpoints) == {"writer"}
+        assert len(checkpoints) <= 24 * 4 * 1024 * 1024 // WAL_SIZE_LIMIT_BYTES  # once per 64 MiB, not per write
         assert log.end_offsets("big") == {0: 24}
+    assert _integrity(tmp_path / "log.sqlite") == "ok"
+
+
+def _hammer(path: str, worker: int) -> None:
+    """Big and small records, commits and reads from one process, as a run's components do."""
+    with EmbeddedLog(Path(path)) as log:
+        with log.producer() as producer, log.consumer(group_id=f"g{worker}") as consumer:
+            consumer.subscribe(["mixed"])
+            for i in range(60):
+                producer.send("mixed", bytes(512 * 1024 if i % 5 == 0 else 300), key=f"{worker}".encode())
+                if i % 3 == 0:
+                    producer.flush()
+                    consumer.poll(max_records=50, timeout=0)
+                    consumer.commit()
+            producer.flush()
+
+
+def test_processes_writing_big_and_small_records_leave_an_intact_log(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    with EmbeddedLog(path) as log:
+        log.create_topic(TopicSpec("mixed", partitions=2, max_message_bytes=1024 * 1024))
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_hammer, args=(str(path), w)) for w in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0]
+    assert _integrity(path) == "ok"
+    with EmbeddedLog(path) as log:
+        assert sum(log.end_offsets("mixed").values()) == 180
