@@ -56,14 +56,28 @@ class PolicyBudget:
         return (self.max_staleness + max(version, 0) + 1) * self.tasks_per_batch + returned
 
 
+def fresh_groups_per_batch(batch_samples: int, group_size: int, replay_ratio: float) -> int:
+    """Fresh groups that fill a batch of ``batch_samples`` with the replay mixer's share added.
+
+    Each fresh group earns r / (1 - r) of its samples in replayed ones, paid in whole groups, and
+    the first group of a run earns nothing (the buffer is empty), so the replayed share of the
+    first batch falls short by up to (1 + r / (1 - r)) groups. Counting only the fresh share,
+    ceil(B (1 - r) / g), left a lockstep run waiting for ever on its first batch (45 fresh groups
+    and 18 replayed: 504 of 512 samples).
+    """
+    if replay_ratio <= 0:
+        return max(1, math.ceil(batch_samples / group_size))
+    earn = replay_ratio / (1.0 - replay_ratio)
+    return max(1, math.ceil((batch_samples / group_size + 1.0 + earn) / (1.0 + earn)))
+
+
 def policy_budgets(config) -> dict[str, PolicyBudget]:
     """The budget of every policy of the run's workflow (``RunConfig``)."""
     workflow = build_run_workflow(config)
     budgets = {}
     for policy in workflow.policies:
         cfg = config.for_policy(policy)
-        fresh_samples = cfg.train.batch_samples * (1.0 - cfg.stream.replay_ratio)
-        groups_per_batch = max(1, math.ceil(fresh_samples / cfg.rollout.group_size))
+        groups_per_batch = fresh_groups_per_batch(cfg.train.batch_samples, cfg.rollout.group_size, cfg.stream.replay_ratio)
         per_task = workflow.groups_per_task(policy)
         budgets[policy] = PolicyBudget(cfg.stream.max_staleness, math.ceil(groups_per_batch / per_task), per_task)
     return budgets

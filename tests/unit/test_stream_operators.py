@@ -362,3 +362,21 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
     metrics = {m.name: m.value for m in read_all(ctx, ctx.topics.metrics(), Metric)}
     assert metrics["stream.dropped.zero_variance"] == 1 and metrics["stream.dropped.stale"] == 1
     assert metrics["stream.dropped.redelivered"] == 3 and metrics["stream.replayed_groups"] == 1
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5, 0.75, 0.9])
+@pytest.mark.parametrize(("batch", "group_size"), [(512, 8), (256, 8), (64, 4), (100, 6), (32, 16)])
+def test_the_feeders_fresh_groups_fill_every_lockstep_batch_with_replay(batch: int, group_size: int, ratio: float) -> None:
+    """In lockstep the feeder releases one batch's fresh groups per version; with what the replay
+    mixer adds they must reach the trainer's batch, first batch included, or the run waits for ever."""
+    from astraflow.producers.feeder import fresh_groups_per_batch
+
+    fresh = fresh_groups_per_batch(batch, group_size, ratio)
+    mixer = ReplayMixer(ratio=ratio, capacity=64)
+    for version in range(6):
+        emitted = 0
+        for index in range(fresh):
+            g = group(f"v{version}g{index}", [1.0] + [0.0] * (group_size - 1))
+            emitted += len(g.trajectories) + sum(len(extra.trajectories) for extra in mixer.mix(g))
+        assert emitted >= batch, (version, fresh, emitted)
+        assert emitted <= batch + 3 * group_size * (1 + ratio / (1 - ratio)), (version, emitted)  # and not much more
