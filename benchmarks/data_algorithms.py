@@ -100,6 +100,7 @@ def run_arm(name: str, stream: dict, work: Path, args: argparse.Namespace) -> di
         "to_target": reached,
         "curve": curve,
         "load_average_at_end": os.getloadavg(),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 
@@ -133,6 +134,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5, help="versions between evaluations")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", action="store_true", help="replace only these arms in an existing data_algorithms.json")
     args = parser.parse_args()
     names = [name.strip() for name in args.arms.split(",") if name.strip()]
     unknown = sorted(set(names) - set(ARMS))
@@ -148,6 +150,11 @@ def main() -> None:
             print(f"[data_algorithms] {name}: " + (f"{args.target} at version {to['version']}, {to['rollouts']} rollouts, {to['wall_s']:.0f} s"
                                                    if to else f"not reached in {args.minutes} min (best {arm['best_accuracy']:.3f})"), flush=True)
             arms.append(arm)
+    previous = args.out / "data_algorithms.json"
+    if args.merge and previous.is_file():
+        rerun = {arm["arm"] for arm in arms}
+        kept = [arm for arm in json.loads(previous.read_text())["arms"] if arm["arm"] not in rerun]
+        arms = sorted(kept + arms, key=lambda arm: list(ARMS).index(arm["arm"]))
     base = next((arm for arm in arms if arm["arm"] == "vanilla" and arm["reached_target"]), None)
     table = []
     for arm in arms:
