@@ -1,0 +1,58 @@
+"""Three policies from config alone: ``astraflow run`` of the math example with ``policies`` declared.
+
+No workflow names them: each policy plays every task on its own (``IndependentPolicies``) with
+its own group size, and gets its own topics, stream processor, trainer (own learning rate and
+batch size) and evaluator. The run must advance every policy's versions, each trainer must train
+groups of its policy's size, and the summary must report each policy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from astraflow.log import TopicPartition, open_log
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import Trajectory
+from tests.e2e.conftest import ASTRAFLOW, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+POLICIES = {
+    "alpha": {},
+    "beta": {"train": {"lr": 1e-4}},
+    "gamma": {"rollout": {"group_size": 4}, "train": {"batch_samples": 64}},  # the same 16 tasks per version
+}
+
+
+def test_three_policies_train_side_by_side(run_dir: Path) -> None:
+    # the policies share the example's model and warm-up, so their base checkpoint is the cached one
+    config = write_config(run_dir / "test.yaml", run="trio", policies=POLICIES,
+                          rollout={"prompts_per_generation": 16}, train={"batch_samples": 128},
+                          eval={"every_versions": 2}, stop={"max_versions": 4, "max_minutes": 8, "target_accuracy": None})
+    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+                            capture_output=True, text=True, timeout=1000)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["policies"]) == set(POLICIES)
+    for name, policy in summary["policies"].items():
+        assert policy["versions"] >= 4, (name, policy)
+        assert len(policy["accuracy_by_version"]) >= 2, (name, policy)  # base and at least one trained version
+
+    codec = Codec()
+    with open_log("embedded", path=run_dir / "log.sqlite") as log:
+        for name, expected_group in (("alpha", 8), ("beta", 8), ("gamma", 4)):
+            topic = f"trio.trajectories.{name}"
+            partitions = [TopicPartition(topic, p) for p in log.end_offsets(topic)]
+            with log.consumer() as consumer:
+                consumer.assign(partitions)
+                consumer.seek_to_beginning(partitions)
+                trajectories = [codec.decode(m.value, expect=Trajectory) for m in consumer.poll(max_records=2000, timeout=5.0)]
+            assert trajectories and {t.policy for t in trajectories} == {name}
+            assert {t.group_size for t in trajectories} == {expected_group}
+            sizes = Counter(t.group_id for t in trajectories)
+            assert max(sizes.values()) == expected_group
