@@ -140,13 +140,15 @@ def _integrity(path: Path) -> str:
 
 
 @pytest.fixture
-def checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Who ran each checkpoint: ``thread`` (the Checkpointer's) or ``writer``."""
+def checkpoints(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """Who ran each checkpoint of this test's ``log.sqlite``: ``thread`` (the Checkpointer's) or
+    ``writer`` (checkpointer threads of earlier tests' logs live on in this process: not counted)."""
     calls: list[str] = []
     real = embedded_store.checkpoint
 
     def recording(path: Path, conn=None) -> None:
-        calls.append("writer" if conn is not None else "thread")
+        if Path(path) == tmp_path / "log.sqlite":
+            calls.append("writer" if conn is not None else "thread")
         real(path, conn)
 
     monkeypatch.setattr(embedded_store, "checkpoint", recording)
