@@ -636,6 +636,19 @@ class RunConfig(_Section):
         })
 
 
+def write_config_over(base: Path, path: Path, **sections: object) -> Path:
+    """The YAML config ``base`` with ``sections`` merged over it, written to ``path``: a dict updates
+    that section key by key, anything else replaces it (how tests and benchmarks vary an example)."""
+    raw = yaml.safe_load(Path(base).read_text())
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            raw.setdefault(name, {}).update(values)
+        else:
+            raw[name] = values
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 def load_config(path: str | Path, overrides: dict[str, object] | None = None) -> RunConfig:
     """Read and validate a YAML run config; ``overrides`` are dotted paths (``log.backend``)."""
     try:

@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from astraflow.config import write_config_over
 
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -44,14 +44,7 @@ ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 
 
 def write_config(path: Path, **sections: object) -> Path:
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    for name, values in sections.items():
-        if isinstance(values, dict):
-            raw.setdefault(name, {}).update(values)
-        else:
-            raw[name] = values
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return write_config_over(EXAMPLE, path, **sections)
 
 
 def one_run(name: str, work: Path, bootstrap: str, args: argparse.Namespace, plan: list[str], broker=None) -> dict:

@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from astraflow.config import write_config_over
 
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -51,14 +51,7 @@ QUICK_DEADLINE_S = 55.0
 
 
 def write_config(path: Path, **sections: object) -> Path:
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    for name, values in sections.items():
-        if isinstance(values, dict):
-            raw.setdefault(name, {}).update(values)
-        else:
-            raw[name] = values
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return write_config_over(EXAMPLE, path, **sections)
 
 
 def wait_fraction(metrics: list[dict]) -> float | None:

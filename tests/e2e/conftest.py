@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-import yaml
+from astraflow.config import write_config_over
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
@@ -21,14 +21,7 @@ ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 
 def write_config(path: Path, **sections: dict) -> Path:
     """The example config with ``sections`` merged over it, written to ``path``."""
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    for name, values in sections.items():
-        if isinstance(values, dict):
-            raw.setdefault(name, {}).update(values)
-        else:
-            raw[name] = values
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return write_config_over(EXAMPLE, path, **sections)
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from astraflow.config import load_config
+from astraflow.config import load_config, write_config_over
 from astraflow.consumers.base_checkpoint import ensure_base_checkpoint
 from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from astraflow.envs.catalog import open_environments
@@ -43,14 +42,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def example_config(name: str, path: Path, **sections: dict | str) -> Path:
     """``examples/<name>/config.yaml`` with ``sections`` merged over it, written to ``path``."""
-    raw = yaml.safe_load((EXAMPLES / name / "config.yaml").read_text())
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            raw.setdefault(section, {}).update(values)
-        else:
-            raw[section] = values
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return write_config_over(EXAMPLES / name / "config.yaml", path, **sections)
 
 
 def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
