@@ -71,6 +71,8 @@ class RunProbe:
         self.version = -1
         self.restarts: Counter[str] = Counter()
         """Restarts per component kind, from ``launcher.restarts``."""
+        self.accuracy: dict[int, float] = {}
+        """Held-out accuracy by version, from ``eval.accuracy`` (the first policy's, or the only one's)."""
         self._offset = 0
 
     def pids(self) -> dict[str, int]:
@@ -97,6 +99,8 @@ class RunProbe:
             row = json.loads(line)
             if row["name"] == "train.version":
                 self.version = max(self.version, int(row["value"]))
+            elif row["name"] == "eval.accuracy":
+                self.accuracy.setdefault(int(row["step"]), float(row["value"]))
             elif row["name"] == "launcher.restarts":
                 self.restarts[row["labels"]["kind"]] += 1
 

@@ -5,7 +5,8 @@ components. Records/s per topic comes from the topics' end offsets, sampled each
 
 With several policies, accuracy and version are kept per policy (the ``policy`` label of
 ``eval.accuracy`` and ``train.version``); the run's headline accuracy and ``stop`` conditions
-follow the first policy declared, ``stop.max_versions`` the slowest trainer. The system
+follow the first policy declared, ``stop.max_versions`` the slowest trainer, and
+``stop.target_gain`` waits for every policy. The system
 evaluator's ``eval.system.*`` metrics are kept per version pair (their ``versions`` label).
 """
 
@@ -96,7 +97,18 @@ class RunMonitor:
             return f"held-out accuracy reached {stop.target_accuracy}"
         if stop.max_versions is not None and self.version >= stop.max_versions:
             return f"{stop.max_versions} versions trained"
+        if stop.target_gain is not None and all(self.gain(policy) >= stop.target_gain for policy in self.policies):
+            return f"every policy's held-out accuracy gained {stop.target_gain} over its base"
         return None
+
+    def gain(self, policy: str) -> float:
+        """The mean of ``policy``'s last two held-out evaluations after its base, minus the base
+        (one evaluation of a few hundred prompts is too noisy to stop on); ``-inf`` until both exist."""
+        accuracy = self.policy_accuracy[policy]
+        late = [accuracy[version] for version in sorted(accuracy) if version > 0][-2:]
+        if 0 not in accuracy or len(late) < 2:
+            return float("-inf")
+        return sum(late) / 2 - accuracy[0]
 
     def follow(self, children: list, dashboard: bool, on_refresh: Callable[[], str | None] | None = None) -> None:
         """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks (a note for the dashboard, or ``None``)."""

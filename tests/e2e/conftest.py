@@ -48,14 +48,14 @@ def run_dir(warmed_run_dir: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The directory of one finished ``astraflow run`` of the math example (120 versions, ~2.5
+    """The directory of one finished ``astraflow run`` of the math example (80 versions, ~1.7
     minutes on 2 quiet cores), shared by the tests that check it learned and those that use its
     logged topics (replay). Bounded by versions, not minutes, so a loaded machine is only slower."""
     import shutil
 
     run_dir = tmp_path_factory.mktemp("math-run")
     shutil.copytree(warmed_run_dir / "base", run_dir / "base")
-    config = write_config(run_dir / "test.yaml", run="learn", stop={"max_versions": 120, "max_minutes": 12})
+    config = write_config(run_dir / "test.yaml", run="learn", stop={"max_versions": 80, "max_minutes": 12})
     result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
