@@ -198,7 +198,7 @@ class SandboxConfig(_Section):
     python: str = "/usr/bin/python3"
     """Interpreter inside the sandbox (the host's system Python, seen read-only)."""
     wall_seconds: float = Field(default=2.0, gt=0.0, le=600.0)
-    """Wall-clock limit of one program run; the whole sandbox is killed after it."""
+    """Wall-clock limit of one program run (one test of the code task); the run is killed after it."""
     cpu_seconds: int = Field(default=1, ge=1, le=600)
     """CPU-time limit of each process (RLIMIT_CPU)."""
     memory_mb: int = Field(default=256, ge=32, le=65536)

@@ -10,7 +10,9 @@ against seconds since the components started; the warm-up (base checkpoint, cach
 
 Sandbox throughput: ``--sandbox-runs`` executions of a one-line program (read n, print 3n+1) in
 each backend that works here, one at a time and from ``--workers`` threads, the way the code
-environment's ``tool_workers`` run tests; executions/s and the median wall time of one run.
+environment's ``tool_workers`` run tests; executions/s and the median wall time of one run. And
+tests/s of one program's 5 tests run one sandbox each (as the code environment used to) against
+all 5 in one sandbox (``run_python_tests``, as it does now), side by side.
 
 The machine is whatever it is (2 shared cores in this project): the load average at the start and
 end of each part is recorded. Writes ``benchmarks/results/agentic.json`` and ``agentic.png``.
@@ -104,9 +106,27 @@ def sandbox_throughput(runs: int, workers: int) -> list[dict]:
                 list(pool.map(one, range(runs)))
             elapsed = time.perf_counter() - started
             entry[f"threads_{threads}"] = {"executions_per_s": runs / elapsed, "median_ms": 1000 * statistics.median(latencies), "runs": runs}
+        entry["tests_batched_vs_one_run_each"] = tests_throughput(box, rounds=max(1, runs // 5))
         entry["loadavg_after"] = os.getloadavg()
         results.append(entry)
     return results
+
+
+def tests_throughput(box, rounds: int, tests: int = 5) -> dict:
+    """Tests/s of ``rounds`` programs with ``tests`` inputs each: one sandbox run per test, then one per program."""
+    program, stdins = "n=int(input())\nprint(n*3+1)\n", [f"{i}\n" for i in range(tests)]
+    expected = [f"{3 * i + 1}\n" for i in range(tests)]
+    ways = {"one_run_each": lambda: [box.run_python(program, stdin) for stdin in stdins], "batched": lambda: box.run_python_tests(program, stdins)}
+    entry = {"tests_per_program": tests, "programs": rounds}
+    for way, run in ways.items():
+        started = time.perf_counter()
+        for _ in range(rounds):
+            results = run()
+            if [r.stdout for r in results] != expected:
+                raise RuntimeError(f"{box.name} {way}: wrong outputs {[r.stdout for r in results]} ({[r.describe() for r in results]})")
+        entry[f"{way}_tests_per_s"] = rounds * tests / (time.perf_counter() - started)
+    entry["speedup"] = entry["batched_tests_per_s"] / entry["one_run_each_tests_per_s"]
+    return entry
 
 
 def plot(report: dict, path: Path) -> None:
@@ -166,6 +186,9 @@ def main() -> None:
     for entry in report["sandbox"]:
         rates = {k: round(v["executions_per_s"], 1) for k, v in entry.items() if k.startswith("threads_")}
         print(f"sandbox {entry['backend']}: {rates or entry.get('error')} executions/s")
+        if "tests_batched_vs_one_run_each" in entry:
+            t = entry["tests_batched_vs_one_run_each"]
+            print(f"sandbox {entry['backend']}: {t['one_run_each_tests_per_s']:.1f} tests/s one run each, {t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
     plot(report, args.output.with_suffix(".png"))

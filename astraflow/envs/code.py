@@ -1,9 +1,10 @@
 """The code environment: each policy turn is a whole Python program, run on the task's tests.
 
-Every test runs the program in the sandbox (stdin = the test's input) and passes when stdout,
-stripped, equals the expected output. All passing ends the episode; otherwise the observation
-reports the first failure (``\\nf(3) should be 10, got 9\\n``) and the policy may try again, within
-the workflow's turn limit. Reward = the fraction of tests the *last* program passed.
+Every test runs the program (stdin = the test's input; all of a program's tests in one sandbox,
+each in its own process with its own limits) and passes when stdout, stripped, equals the
+expected output, which never enters the sandbox. All passing ends the episode; otherwise the
+observation reports the first failure (``\\nf(3) should be 10, got 9\\n``) and the policy may try
+again, within the workflow's turn limit. Reward = the fraction of tests the *last* program passed.
 
 A program that crashes, hangs or exceeds a limit fails that test. A sandbox that cannot run it
 raises ``SandboxError`` out of ``step``: the task fails, it is never scored 0.
@@ -39,8 +40,8 @@ class CodeEnv(EpisodeEnv):
     def step(self, action: str) -> StepResult:
         self.attempts += 1
         self.passed, first_failure = 0, None
-        for test in self.tests:
-            result = self.sandbox.run_python(action, stdin=test.input)
+        results = self.sandbox.run_python_tests(action, [test.input for test in self.tests])
+        for test, result in zip(self.tests, results):
             if result.ok and result.stdout.strip() == test.output.strip():
                 self.passed += 1
                 continue

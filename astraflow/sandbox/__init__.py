@@ -1,7 +1,8 @@
 """Run model-generated programs with no network, a read-only system and kernel-enforced limits.
 
 ``open_sandbox`` picks the backend named by the config (``auto``: bubblewrap, else ``unshare``)
-and proves it works by running a trivial program once; with no working backend it raises
+and proves it works by running a trivial program once, alone and as a test batch (the tests
+driver needs Python 3.9+ and pidfds in the sandbox); with no working backend it raises
 ``SandboxUnavailableError`` saying what to install, and no program is ever run unsandboxed.
 """
 
@@ -18,10 +19,11 @@ HINT = "install bubblewrap (apt-get install bubblewrap) or allow unprivileged us
 def probe(sandbox: Sandbox) -> str | None:
     """Why ``sandbox`` cannot run programs here, or ``None`` when a trivial program runs in it."""
     try:
-        result = sandbox.run_python("print('ok')")
+        results = [sandbox.run_python("print('ok')"), *sandbox.run_python_tests("print(input())", ["ok"])]
     except SandboxError as exc:
         return str(exc)
-    return None if result.ok and result.stdout == "ok\n" else f"{sandbox.name}: the probe program failed ({result.describe()}): {result.stderr[-300:]}"
+    failed = [result for result in results if not (result.ok and result.stdout == "ok\n")]
+    return None if not failed else f"{sandbox.name}: the probe program failed ({failed[0].describe()}): {failed[0].stderr[-300:]}"
 
 
 def open_sandbox(backend: str = "auto", limits: SandboxLimits = SandboxLimits(), python: str = "/usr/bin/python3") -> Sandbox:

@@ -12,10 +12,16 @@ limits. The two outcomes are kept apart on purpose:
 
 How that is told apart: the launcher inside the sandbox writes ``ready`` to a status file just
 before it ``exec``s the program, so a run without that line never reached the program.
+
+A program's tests can share one sandbox (``run_python_tests``): the sandbox then runs
+``tests_driver.py``, which forks a fresh process per test and writes ``driver-ready`` to the status
+file before it runs any; a run without that line is a ``SandboxError`` too. Once the driver runs,
+whatever the program does to it (kill it, garble its report) fails the program's tests.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -24,8 +30,8 @@ import subprocess
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from astraflow.errors import AstraFlowError
@@ -35,6 +41,8 @@ WORKDIR = "/work"
 PROGRAM_ENV = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # no /etc, /home, /root, /tmp
 LAUNCHER = Path(__file__).with_name("launcher.py")
+TESTS_DRIVER = Path(__file__).with_name("tests_driver.py")
+REPORT_BYTES_PER_TEST = 512  # the JSON around one test's base64 outputs in the driver's report
 
 
 class SandboxError(AstraFlowError):
@@ -112,19 +120,53 @@ class Sandbox(ABC):
         """The host command that runs the launcher with ``spec`` inside this backend's isolation."""
 
     def run(self, argv: list[str], files: Mapping[str, str | bytes] | None = None, stdin: str | bytes = b"") -> RunResult:
-        """Run ``argv`` in ``/work`` holding ``files`` (name → content); ``SandboxError`` if it cannot run.
+        """Run ``argv`` in ``/work`` holding ``files`` (name → content); ``SandboxError`` if it cannot run."""
+        return self._run(argv, files or {}, stdin, self.limits, expect=("ready",))
+
+    def run_python(self, source: str, stdin: str | bytes = b"") -> RunResult:
+        """Run a Python program (the sandbox's system interpreter, isolated mode) as ``/work/main.py``."""
+        return self.run([self.python, "-I", "main.py"], {"main.py": source}, stdin)
+
+    def run_python_tests(self, source: str, stdins: Sequence[str | bytes]) -> list[RunResult]:
+        """``run_python(source, stdin)`` for each of ``stdins``, in order, in as few sandboxes as fit.
+
+        Each test keeps its own process and its own wall, CPU, memory, output and process limits
+        (``tests_driver.py`` says how); the sandbox and the interpreter start once per batch. A
+        batch holds as many tests as the driver's report fits under RLIMIT_FSIZE (every test of
+        the code task), and its sandbox gets ``wall_seconds`` per test plus one more for start-up.
+        """
+        cap = self.limits.max_output_bytes
+        report_bytes = 2 * 4 * -(-cap // 3) + REPORT_BYTES_PER_TEST  # two base64 outputs
+        per_run = max(1, self.limits.max_file_mb * 1024 * 1024 // report_bytes)
+        results: list[RunResult] = []
+        for start in range(0, len(stdins), per_run):
+            batch = stdins[start : start + per_run]
+            limits = replace(
+                self.limits,
+                wall_seconds=(len(batch) + 1) * self.limits.wall_seconds,
+                max_processes=self.limits.max_processes + 1,  # the driver is one of the sandbox's processes
+                max_output_bytes=len(batch) * report_bytes,
+            )
+            config = {"tests": len(batch), "wall_seconds": self.limits.wall_seconds, "max_output_bytes": cap, "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024}
+            files = {"main.py": source, "tests_driver.py": TESTS_DRIVER.read_text()} | {f"stdin-{i}": stdin for i, stdin in enumerate(batch)}
+            run = self._run([self.python, "-I", "tests_driver.py", json.dumps(config)], files, b"", limits, expect=("ready", "driver-ready"))
+            results += _parse_report(run, len(batch), cap)
+        return results
+
+    def _run(self, argv: list[str], files: Mapping[str, str | bytes], stdin: str | bytes, limits: SandboxLimits, expect: tuple[str, ...]) -> RunResult:
+        """Run ``argv`` under ``limits``; ``SandboxError`` unless the status file holds the lines of ``expect``.
 
         Steps: write the inputs to a throwaway host directory; start the backend's command in its
         own session with stdout / stderr going to files (the program's RLIMIT_FSIZE bounds them);
         wait up to ``wall_seconds``, then kill the session, which takes the sandbox's pid
-        namespace and every process in it down; read the status line, the outputs, and remove
-        the directory.
+        namespace and every process in it down; read the status lines, the outputs, and remove
+        the directory. ``driver-ready`` in ``expect`` hands the status fd on to the tests driver.
         """
         directory = throwaway_dir()
         try:
-            inputs, stdin_path = write_inputs(directory, files or {}, stdin)
+            inputs, stdin_path = write_inputs(directory, files, stdin)
             with open(stdin_path, "rb") as fin, open(directory / "stdout", "wb+") as fout, open(directory / "stderr", "wb+") as ferr, open(directory / "status", "wb+") as fstatus:
-                spec = {"status_fd": fstatus.fileno(), "rlimits": self.limits.rlimits(), "argv": argv, "env": PROGRAM_ENV, "cwd": WORKDIR}
+                spec = {"status_fd": fstatus.fileno(), "pass_status": "driver-ready" in expect, "rlimits": limits.rlimits(), "argv": argv, "env": PROGRAM_ENV, "cwd": WORKDIR}
                 command = self.command(directory, inputs, spec)
                 started = time.perf_counter()
                 try:
@@ -133,31 +175,48 @@ class Sandbox(ABC):
                     raise SandboxError(f"{self.name}: cannot start {command[0]}: {exc}") from exc
                 timed_out = False
                 try:
-                    code = process.wait(timeout=self.limits.wall_seconds)
+                    code = process.wait(timeout=limits.wall_seconds)
                 except subprocess.TimeoutExpired:
                     timed_out = True
                     os.killpg(process.pid, signal.SIGKILL)
                     code = process.wait()
                 wall_ms = (time.perf_counter() - started) * 1000
                 status = (directory / "status").read_text(errors="replace").splitlines()
-                stdout, cut_out = _read(fout, self.limits.max_output_bytes)
-                stderr, cut_err = _read(ferr, self.limits.max_output_bytes)
+                stdout, cut_out = _read(fout, limits.max_output_bytes)
+                stderr, cut_err = _read(ferr, limits.max_output_bytes)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-        failed = [line for line in status if line != "ready"]
-        if failed or (not status and not timed_out):
-            raise SandboxError(f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}'}): {stderr.strip()[-500:]}")
-        if not status:
-            raise SandboxError(f"{self.name}: the sandbox did not start within {self.limits.wall_seconds} s")
+        failed = [line for line in status if line not in expect]
+        missing = [line for line in expect if line not in status]
+        if failed or (missing and not timed_out):
+            raise SandboxError(f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}, no {missing[0]!r}'}): {stderr.strip()[-500:]}")
+        if missing:
+            raise SandboxError(f"{self.name}: the sandbox did not start within {limits.wall_seconds} s")
         return RunResult(code, stdout, stderr, timed_out, wall_ms, cut_out or cut_err)
-
-    def run_python(self, source: str, stdin: str | bytes = b"") -> RunResult:
-        """Run a Python program (the sandbox's system interpreter, isolated mode) as ``/work/main.py``."""
-        return self.run([self.python, "-I", "main.py"], {"main.py": source}, stdin)
 
     def launcher_argv(self, spec: dict) -> list[str]:
         """The launcher run by the system interpreter inside the sandbox (see ``launcher.py``)."""
         return [self.python, "-I", "-S", "-c", LAUNCHER.read_text(), json.dumps(spec)]
+
+
+def _parse_report(run: RunResult, tests: int, cap: int) -> list[RunResult]:
+    """The tests driver's results; when its report is missing or invalid, every test failed."""
+    try:
+        entries = json.loads(run.stdout)["results"]
+        results = [
+            RunResult(int(e["exit_code"]), _decode(e["stdout"], cap), _decode(e["stderr"], cap), bool(e["timed_out"]), float(e["wall_ms"]), bool(e["truncated"]))
+            for e in entries
+        ]
+    except (ValueError, KeyError, TypeError):
+        results = []
+    if len(results) == tests and not run.truncated:
+        return results
+    why = f"the tests driver reported no results ({run.describe()}): {run.stderr.strip()[-300:]}"
+    return [RunResult(run.exit_code or 1, "", why, run.timed_out, run.wall_ms, run.truncated) for _ in range(tests)]
+
+
+def _decode(data: str, cap: int) -> str:
+    return base64.b64decode(data, validate=True)[:cap].decode(errors="replace")
 
 
 def _read(handle, limit: int) -> tuple[str, bool]:

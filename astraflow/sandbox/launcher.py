@@ -12,6 +12,9 @@ imports nothing but the standard library and nothing from AstraFlow. Steps:
 2. Set the rlimits of the spec on this process (they are inherited by everything it starts).
 3. Write ``ready`` to the status fd, mark it close-on-exec, and ``exec`` the program. An ``exec``
    that fails writes ``exec-failed: <reason>`` and exits 127: a sandbox error, not a result.
+   With ``pass_status`` the program is the trusted tests driver instead: the fd stays open and
+   its number is the driver's last argument (it writes its own line and closes the fd before it
+   runs anything untrusted).
 """
 
 import ctypes
@@ -109,9 +112,13 @@ def main():
         os.write(status, f"setup-failed: {exc}\n".encode())
         os._exit(126)
     os.write(status, b"ready\n")
-    os.set_inheritable(status, False)
+    argv = spec["argv"]
+    if spec["pass_status"]:
+        argv = argv + [str(status)]
+    else:
+        os.set_inheritable(status, False)
     try:
-        os.execve(spec["argv"][0], spec["argv"], spec["env"])
+        os.execve(argv[0], argv, spec["env"])
     except OSError as exc:
         os.write(status, f"exec-failed: {exc}\n".encode())
         os._exit(127)

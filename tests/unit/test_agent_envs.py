@@ -121,5 +121,4 @@ def test_every_generated_solution_passes_its_tests(sandbox) -> None:
     for problem in heldout[:4]:
         tests, solution = parse_reference(problem.answer)
         assert len(tests) == 5
-        for test in tests:
-            assert sandbox.run_python(solution, stdin=test.input).stdout == test.output
+        assert [r.stdout for r in sandbox.run_python_tests(solution, [test.input for test in tests])] == [test.output for test in tests]

@@ -6,6 +6,10 @@ the test on the host's loopback, and an outside address), writing outside the th
 reading host files (/etc/shadow, a secret in the test's tmp dir), a fork bomb, an infinite loop,
 a memory hog, an output flood; each is contained, reported in the result, and leaves nothing
 behind on the host.
+
+A program's tests run batched in one sandbox (``run_python_tests``) give what one run each gives;
+a program that misbehaves on one input fails that test alone, and one that attacks the tests
+driver (kills it, tries its fds, memory or ptrace) fails its own tests and forges nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.sandbox import BACKENDS, BwrapSandbox, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError, open_sandbox, probe
+from astraflow.sandbox import BACKENDS, BwrapSandbox, RunResult, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError, base, open_sandbox, probe
 
 LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_mb=128, max_processes=8, max_file_mb=1, max_output_bytes=4096)
 
@@ -142,3 +146,110 @@ def test_open_sandbox_auto_prefers_a_working_backend() -> None:
     if all(probe(cls(LIMITS)) for cls in BACKENDS.values()):
         pytest.skip("no sandbox backend works here")
     assert open_sandbox("auto", LIMITS).run_python("print(6 * 7)").stdout == "42\n"
+
+
+BATCH_INPUTS = ["1\n", "0\n", "2\n"]  # the programs below misbehave on "0" alone
+
+
+def _fields(result: RunResult) -> tuple:
+    return result.exit_code, result.stdout, result.stderr, result.timed_out, result.truncated
+
+
+@pytest.mark.parametrize(
+    ("name", "program"),
+    [
+        ("stdin", "n = int(input())\nprint(n * 3 + 1)"),
+        ("stdin as files", "import sys\nprint(repr(open('/dev/stdin').read()), repr(sys.stdin.read()))"),
+        ("exit status", "import sys\nsys.exit(int(input()) or 'bye')"),
+        ("traceback", "n = int(input())\nprint(n)\nprint(10 // n)"),
+        ("syntax error", "print("),
+        ("main module, threads, atexit", "import atexit, sys, threading\nprint(__name__, __file__, sys.argv)\natexit.register(print, 'atexit')\nthreading.Thread(target=lambda: print('thread', input())).start()"),
+        ("stderr", "import sys\nsys.stderr.write('err\\n')\nprint(input(), end='')"),
+        ("stdout closed", "import os\nos.close(1)\nprint(input())"),
+        ("killed by a signal", "import os\nif input() == '0':\n    os.kill(os.getpid(), 9)"),
+    ],
+)
+def test_batched_tests_give_what_one_run_each_gives(sandbox: Sandbox, name: str, program: str) -> None:
+    batched = sandbox.run_python_tests(program, BATCH_INPUTS)
+    assert [_fields(r) for r in batched] == [_fields(sandbox.run_python(program, stdin)) for stdin in BATCH_INPUTS], name
+
+
+@pytest.mark.parametrize(
+    ("name", "program", "failed"),
+    [
+        ("infinite loop", "n = int(input())\nwhile n == 0:\n    pass\nprint(n)", lambda r: r.describe() == "killed by SIGXCPU" or r.timed_out),
+        ("sleep", "import time\nn = int(input())\nif n == 0:\n    time.sleep(60)\nprint(n)", lambda r: r.timed_out and r.wall_ms < LIMITS.wall_seconds * 1000 + 1000),
+        ("crash", "n = int(input())\nprint(n // n * n)", lambda r: r.exit_code == 1 and "ZeroDivisionError" in r.stderr),
+        ("fork bomb", "import os\nn = int(input())\nwhile n == 0:\n    try:\n        os.fork()\n    except OSError:\n        pass\nprint(n)", lambda r: r.timed_out),
+        ("output over the cap", "n = int(input())\nprint('x' * 10000 if n == 0 else n)", lambda r: r.ok and r.truncated and r.stdout == "x" * LIMITS.max_output_bytes),
+        ("output flood", "import sys\nn = int(input())\nwhile n == 0:\n    sys.stdout.write('x' * 4096)\nprint(n)", lambda r: not r.ok and r.truncated),
+    ],
+)
+def test_a_failure_stays_in_its_own_test(sandbox: Sandbox, name: str, program: str, failed) -> None:
+    first, broken, last = sandbox.run_python_tests(program, BATCH_INPUTS)
+    assert failed(broken), f"{name}: {broken}"
+    assert [_fields(first), _fields(last)] == [(0, "1\n", "", False, False), (0, "2\n", "", False, False)], name
+
+
+def test_processes_a_test_leaves_are_gone_before_the_next(sandbox: Sandbox) -> None:
+    program = "import os, time\nif input() == '0':\n    for _ in range(3):\n        if os.fork() == 0:\n            os.setsid()\n            time.sleep(60)\nprint(sum(p.isdigit() for p in os.listdir('/proc')))"
+    first, leaving, last = (int(r.stdout) for r in sandbox.run_python_tests(program, BATCH_INPUTS))
+    assert leaving == first + 3 and last == first
+
+
+@pytest.mark.parametrize("attack", ["os.kill(os.getppid(), signal.SIGKILL)", "os.kill(os.getppid(), signal.SIGTERM)"])
+def test_a_program_that_kills_the_driver_fails_every_test(sandbox: Sandbox, attack: str) -> None:
+    results = sandbox.run_python_tests(f"import os, signal\nprint(input())\n{attack}", BATCH_INPUTS)
+    assert len(results) == 3 and not any(r.ok for r in results)
+    assert all("the tests driver reported no results" in r.stderr for r in results)
+
+
+def test_a_program_cannot_forge_the_report(sandbox: Sandbox) -> None:
+    forged = '{"results": [' + ", ".join(['{"exit_code": 0, "stdout": "Rk9SR0VECg==", "stderr": "", "timed_out": false, "wall_ms": 1, "truncated": false}'] * 3) + "]}"
+    program = (
+        "import ctypes, os\n"
+        "targets = {'driver stdout': f'/proc/{os.getppid()}/fd/1', 'driver memory': f'/proc/{os.getppid()}/mem', 'init stdout': '/proc/1/fd/1'}\n"
+        "for name, path in targets.items():\n"
+        "    try:\n"
+        f"        open(path, 'w').write({forged!r})\n"
+        "        print('wrote', name)\n"
+        "    except OSError:\n"
+        "        print('denied', name)\n"
+        "print('ptrace', ctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0))\n"  # PTRACE_ATTACH
+    )
+    results = sandbox.run_python_tests(program, BATCH_INPUTS)
+    assert all("FORGED" not in r.stdout for r in results)  # base64 of the forged stdout
+    lines = results[0].stdout.splitlines()
+    assert {"denied driver stdout", "denied driver memory", "ptrace -1"} <= set(lines), lines
+
+
+def test_batched_escape_attempts_are_contained(sandbox: Sandbox) -> None:
+    attempts = {
+        "write": "open('/usr/escape', 'w')",
+        "read": "open('/etc/shadow').read()",
+        "connect": "import socket; socket.create_connection(('192.0.2.1', 80), timeout=0.5)",
+        "memory": "bytearray(1024 ** 3)",
+    }
+    program = f"try:\n    exec({attempts!r}[input()])\n    print('escaped')\nexcept (OSError, MemoryError) as exc:\n    print(type(exc).__name__)"
+    results = sandbox.run_python_tests(program, list(attempts))
+    assert [r.stdout for r in results] == ["OSError\n", "FileNotFoundError\n", "OSError\n", "MemoryError\n"]
+    assert not Path("/usr/escape").exists()
+
+
+def test_tests_are_split_over_runs_when_the_report_would_not_fit(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = type(sandbox)(SandboxLimits(wall_seconds=2.0, max_file_mb=1, max_output_bytes=200_000))  # one report per 1 MiB file
+    runs = []
+    monkeypatch.setattr(type(box), "_run", lambda self, *args, **kwargs: runs.append(args) or Sandbox._run(self, *args, **kwargs))
+    assert [r.stdout for r in box.run_python_tests("print(input())", ["a", "b", "c"])] == ["a\n", "b\n", "c\n"]
+    assert len(runs) == 3 and box.run_python_tests("print(1)", []) == []
+
+
+def test_a_driver_that_never_starts_is_a_sandbox_error(sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = type(sandbox)(LIMITS, python="/nonexistent/python3")
+    with pytest.raises(SandboxError, match="did not run"):
+        broken.run_python_tests("print(1)", ["1"])
+    silent = tmp_path / "tests_driver.py"
+    silent.write_text("raise SystemExit(3)")
+    monkeypatch.setattr(base, "TESTS_DRIVER", silent)
+    with pytest.raises(SandboxError, match="driver-ready"):
+        sandbox.run_python_tests("print(1)", ["1"])
