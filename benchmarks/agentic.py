@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--sandbox-runs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--output", type=Path, default=RESULTS / "agentic.json")
+    parser.add_argument("--merge", action="store_true", help="replace only these examples' runs (and the sandbox figures) in an existing --output")
     args = parser.parse_args()
 
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}, "args": {k: str(v) for k, v in vars(args).items()}}
@@ -179,6 +180,10 @@ def main() -> None:
         report["runs"] = [run_example(name, args.minutes, work, args.cold) for name in args.examples.split(",")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if args.merge and args.output.is_file():  # runs of other examples are kept, each with the machine load it ran under
+        fresh = {run["example"] for run in report["runs"]}
+        kept = [run for run in json.loads(args.output.read_text())["runs"] if run["example"] not in fresh]
+        report["runs"] = kept + report["runs"]
     for run in report["runs"]:
         s = run["summary"]
         print(f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} (final {s['final_accuracy']:.3f}) "

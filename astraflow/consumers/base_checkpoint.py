@@ -27,6 +27,7 @@ from pathlib import Path
 from astraflow.config import RunConfig
 from astraflow.envs.catalog import is_multi_turn
 from astraflow.models.base import base_checkpoint_dir
+from astraflow.tasks.datasets import task_data_version
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ def _cache_key(config: RunConfig) -> str:
     if is_multi_turn(config.rollout.workflow):
         r = config.rollout
         sections["agent"] = {"workflow": r.workflow, "reward": r.reward, "max_new_tokens": r.max_new_tokens, **config.agent.model_dump(mode="json")}
+    version = task_data_version(config.task.kind)
+    if version > 1:  # tasks whose generator never changed keep their keys, and their caches
+        sections["data"] = {"version": version}
     return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -75,6 +75,16 @@ def generate_split(task: TaskConfig, data_dir: Path) -> tuple[list[Problem], lis
     return addition_problems(seed=task.seed, heldout_size=task.heldout_size)
 
 
+def task_data_version(kind: str) -> int:
+    """The version of ``kind``'s generated problems (1 until its generator first changed); it is part
+    of the base-checkpoint cache key, so a changed generator never reuses a base warmed up on the old data."""
+    if kind == "code_io":
+        from astraflow.tasks.programs import DATA_VERSION
+
+        return DATA_VERSION
+    return 1
+
+
 def task_demonstration(kind: str) -> Callable[[Problem], list[str]]:
     """The policy turns of a perfect episode of a ``kind`` row (multi-turn tasks: what warm-up supervises)."""
     if kind == "search_facts":

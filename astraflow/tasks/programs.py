@@ -1,12 +1,16 @@
 """Programs from input/output examples: the code task, scored by tests run in the sandbox.
 
-A hidden integer function (``n*3+1``, ``n*n+4``, ``n%5``, ``n//3+2`` …) is shown by three examples,
-``"f(2)=7 f(5)=16 f(0)=1\\n"``; the policy writes a Python program that reads ``n`` from stdin and
-prints ``f(n)``. The reference (a JSON string) holds five tests, the three shown plus two hidden,
-and one solution, which only warm-up demonstrations use; the reward is the fraction of tests the
-program passes in the sandbox (``astraflow.envs.code``). The constant functions (``f(n)=42``, a
-little over a quarter of the problems) are the easy slice a tiny model solves by copying, so its
-rewards vary from the start; the others take arithmetic.
+A hidden integer function (``n*3+1``, ``n*n+4``, ``n%5``, ``n//3+2``, ``42`` …) is shown by its
+values at 0, 1 and one more input, ``"f(0)=1 f(1)=4 f(7)=22\n"``; the policy writes a Python
+program that reads ``n`` and prints ``f(n)``. The reference (a JSON string) holds five tests, the
+three shown plus two hidden, and one solution, which only warm-up demonstrations use; the reward is
+the fraction of tests the program passes in the sandbox (``astraflow.envs.code``).
+
+Showing f(0) and f(1) makes the problems learnable by a tiny model and their rewards graded: the
+offset is f(0), copied; the slope of ``n*a+b`` is f(1) - f(0), a subtraction; and a program with
+the right offset but the wrong slope still passes the f(0) test. There are ~1,700 problems, so the
+warm-up cannot simply learn the training problems by heart (it did on the first ~400: rewards of a
+whole group were then all 1 on training prompts, and dynamic sampling left nothing to train on).
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from dataclasses import dataclass
 from astraflow.tasks.arithmetic import Problem
 
 FAMILIES: dict[str, tuple[Callable[[int, int, int], int], str, list[tuple[int, int]]]] = {
-    "const": (lambda n, a, b: b, "{b}", [(0, b) for b in range(100)]),
-    "lin": (lambda n, a, b: n * a + b, "n*{a}+{b}", [(a, b) for a in range(1, 10) for b in range(20)]),
-    "sq": (lambda n, a, b: n * n + b, "n*n+{b}", [(0, b) for b in range(20)]),
+    "const": (lambda n, a, b: b, "{b}", [(0, b) for b in range(300)]),
+    "lin": (lambda n, a, b: n * a + b, "n*{a}+{b}", [(a, b) for a in range(1, 10) for b in range(100)]),
+    "sq": (lambda n, a, b: n * n + b, "n*n+{b}", [(0, b) for b in range(100)]),
     "mod": (lambda n, a, b: n % a, "n%{a}", [(a, 0) for a in range(2, 10)]),
-    "div": (lambda n, a, b: n // a + b, "n//{a}+{b}", [(a, b) for a in range(2, 10) for b in range(10)]),
+    "div": (lambda n, a, b: n // a + b, "n//{a}+{b}", [(a, b) for a in range(2, 10) for b in range(50)]),
 }
 SHOWN, TESTS = 3, 5
+DATA_VERSION = 2
+"""Bumped whenever the generated problems change, so cached base checkpoints warmed up on older ones are not reused."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def program_problems(seed: int, heldout_size: int) -> tuple[list[Problem], list[
     problems = []
     for family, (function, template, params) in FAMILIES.items():
         for a, b in params:
-            inputs = rng.sample(range(21), TESTS)
+            inputs = [0, 1, *rng.sample(range(2, 21), TESTS - 2)]  # shown: f(0), f(1) and one more
             tests = [Test(f"{n}\n", f"{function(n, a, b)}\n") for n in inputs]
             shown = " ".join(f"f({n})={function(n, a, b)}" for n in inputs[:SHOWN])
             solution = f"n=int(input())\nprint({template.format(a=a, b=b)})\n"

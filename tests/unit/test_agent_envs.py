@@ -122,3 +122,16 @@ def test_every_generated_solution_passes_its_tests(sandbox) -> None:
         tests, solution = parse_reference(problem.answer)
         assert len(tests) == 5
         assert [r.stdout for r in sandbox.run_python_tests(solution, [test.input for test in tests])] == [test.output for test in tests]
+
+
+def test_a_program_with_the_right_offset_earns_partial_credit(sandbox) -> None:
+    """The prompt shows f(0) and f(1): copying f(0) as the offset passes the f(0) test even with a
+    wrong slope, so rewards within a group vary before the policy can subtract."""
+    train, _ = program_problems(seed=0, heldout_size=16)
+    problem = next(p for p in train if p.prompt_id.startswith("prog-lin-"))
+    _, a, b = problem.prompt_id.rsplit("-", 2)
+    assert problem.prompt.startswith(f"f(0)={b} f(1)={int(a) + int(b)} ")
+    task = RolloutTask("c@0", problem.prompt_id, "c@0", "code", problem.prompt, problem.answer, 1, 0, 0)
+    env = CodeEnv(task, sandbox)
+    env.step(f"n=int(input())\nprint(n*{int(a) + 1}+{b})\n")
+    assert env.reward()["reward"] == 0.2

@@ -108,3 +108,13 @@ def test_multi_turn_base_checkpoints_have_their_own_alphabet_and_cache_key() -> 
     assert len({_cache_key(math), _cache_key(search), _cache_key(longer)}) == 3
     assert set("search(zorvex city)answer(paris)\n") <= set(task_alphabet("search_facts"))
     assert set(json.loads(room_problems(0, 5, games=20)[0][0].answer)) == {"seed", "size"}
+
+
+def test_a_changed_task_generator_gets_a_new_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import astraflow.tasks.programs as programs
+
+    code = parse_config({"task": {"kind": "code_io"}, "rollout": {"workflow": "code", "reward": "tests_passed"}})
+    before, math = _cache_key(code), _cache_key(RunConfig())
+    monkeypatch.setattr(programs, "DATA_VERSION", programs.DATA_VERSION + 1)
+    assert _cache_key(code) != before
+    assert _cache_key(RunConfig()) == math  # a task whose generator never changed keeps its key
