@@ -5,10 +5,12 @@ and trainer version V, at most ``(max_staleness + V + 1) · B`` groups may have 
 total, plus every group the stream processor dropped (zero variance or stale, reported on the
 feedback topic with ``accepted = false``), because a dropped group never reaches the trainer and
 would otherwise stall the run. With a replay ratio ρ in the stream pipeline only (1 − ρ) of each
-batch is fresh, so B counts the fresh groups. The feeder learns V from the weights topic's manifests.
+batch is fresh, so n batches take n · B · (1 − ρ) + 1 fresh groups (``PolicyBudget.fresh_groups``:
+the one more is for the replay share the first batch misses). The feeder learns V from the weights
+topic's manifests.
 
 With several policies the bound is computed per policy p, in tasks: one task yields g_p groups of
-p (``Workflow.groups_per_task``), so B_p = ⌈groups per batch of p / g_p⌉ tasks and p's dropped
+p (``Workflow.groups_per_task``), so n batches take ⌈fresh groups of p / g_p⌉ tasks and p's dropped
 groups give back ⌈dropped_p / g_p⌉ tasks; the feeder submits up to the smallest bound, i.e. it
 follows the slowest trainer. In ``mode: lockstep`` every max_staleness is 0, so the next batch is
 released only once every trainer published the version trained on the previous one; each task
@@ -47,28 +49,41 @@ class PolicyBudget:
     """One policy's part of the back-pressure bound, in tasks."""
 
     max_staleness: int
-    tasks_per_batch: int
+    batch_groups: int
+    """Groups in one trainer batch: ⌈B / g⌉ (the trainer cuts batches at whole groups)."""
     groups_per_task: int
+    replay_ratio: float = 0.0
+
+    def fresh_groups(self, batches: int) -> int:
+        """Fresh groups that fill ``batches`` trainer batches with the replay mixer's share added.
+
+        Each fresh group earns r / (1 - r) of its samples in replayed ones, paid in whole groups,
+        and the first group of a run earns nothing (the buffer is empty): n batches need
+        n ⌈B / g⌉ (1 - r) + 1 fresh groups with replay, n ⌈B / g⌉ without. Two earlier versions
+        were wrong: ⌈B (1 - r) / g⌉ per batch left the first lockstep batch waiting for ever (45
+        fresh groups and 18 replayed: 504 of 512 samples), and the first batch's count (46) for
+        every batch fed 1.2 groups too many per version, so the trainer's backlog grew by ~14
+        samples a version and it trained ever staler samples (staleness 3 by version 90).
+        """
+        if self.replay_ratio <= 0:
+            return batches * self.batch_groups
+        return math.ceil(batches * self.batch_groups * (1.0 - self.replay_ratio) + 1.0 - 1e-9)
+
+    @property
+    def tasks_per_batch(self) -> int:
+        """Tasks of the first batch."""
+        return -(-self.fresh_groups(1) // self.groups_per_task)
 
     def capacity(self, version: int, dropped_groups: int) -> int:
         """Tasks that may have been submitted in total at this policy's trainer version ``version``."""
         returned = -(-dropped_groups // self.groups_per_task)
-        return (self.max_staleness + max(version, 0) + 1) * self.tasks_per_batch + returned
+        batches = self.max_staleness + max(version, 0) + 1
+        return -(-self.fresh_groups(batches) // self.groups_per_task) + returned
 
 
 def fresh_groups_per_batch(batch_samples: int, group_size: int, replay_ratio: float) -> int:
-    """Fresh groups that fill a batch of ``batch_samples`` with the replay mixer's share added.
-
-    Each fresh group earns r / (1 - r) of its samples in replayed ones, paid in whole groups, and
-    the first group of a run earns nothing (the buffer is empty), so the replayed share of the
-    first batch falls short by up to (1 + r / (1 - r)) groups. Counting only the fresh share,
-    ceil(B (1 - r) / g), left a lockstep run waiting for ever on its first batch (45 fresh groups
-    and 18 replayed: 504 of 512 samples).
-    """
-    if replay_ratio <= 0:
-        return max(1, math.ceil(batch_samples / group_size))
-    earn = replay_ratio / (1.0 - replay_ratio)
-    return max(1, math.ceil((batch_samples / group_size + 1.0 + earn) / (1.0 + earn)))
+    """Fresh groups of the first batch of ``batch_samples`` (``PolicyBudget.fresh_groups`` says why)."""
+    return PolicyBudget(0, math.ceil(batch_samples / group_size), 1, replay_ratio).fresh_groups(1)
 
 
 def policy_budgets(config) -> dict[str, PolicyBudget]:
@@ -77,9 +92,8 @@ def policy_budgets(config) -> dict[str, PolicyBudget]:
     budgets = {}
     for policy in workflow.policies:
         cfg = config.for_policy(policy)
-        groups_per_batch = fresh_groups_per_batch(cfg.train.batch_samples, cfg.rollout.group_size, cfg.stream.replay_ratio)
-        per_task = workflow.groups_per_task(policy)
-        budgets[policy] = PolicyBudget(cfg.stream.max_staleness, math.ceil(groups_per_batch / per_task), per_task)
+        batch_groups = math.ceil(cfg.train.batch_samples / cfg.rollout.group_size)
+        budgets[policy] = PolicyBudget(cfg.stream.max_staleness, batch_groups, workflow.groups_per_task(policy), cfg.stream.replay_ratio)
     return budgets
 
 

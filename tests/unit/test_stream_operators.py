@@ -364,19 +364,27 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
     assert metrics["stream.dropped.redelivered"] == 3 and metrics["stream.replayed_groups"] == 1
 
 
-@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5, 0.75, 0.9])
+@pytest.mark.parametrize("ratio", [0.0, 0.1, 0.3, 0.5, 0.75, 0.9])
 @pytest.mark.parametrize(("batch", "group_size"), [(512, 8), (256, 8), (64, 4), (100, 6), (32, 16)])
-def test_the_feeders_fresh_groups_fill_every_lockstep_batch_with_replay(batch: int, group_size: int, ratio: float) -> None:
-    """In lockstep the feeder releases one batch's fresh groups per version; with what the replay
-    mixer adds they must reach the trainer's batch, first batch included, or the run waits for ever."""
-    from astraflow.producers.feeder import fresh_groups_per_batch
+def test_the_feeders_fresh_groups_fill_every_lockstep_batch_and_no_more(batch: int, group_size: int, ratio: float) -> None:
+    """In lockstep the feeder releases each batch's fresh groups once the trainer published the
+    previous version; with what the replay mixer adds they must reach every batch, the first
+    included, or the run waits for ever, and the surplus must not grow, or the trainer's backlog
+    does and it trains ever staler samples."""
+    from astraflow.producers.feeder import PolicyBudget
 
-    fresh = fresh_groups_per_batch(batch, group_size, ratio)
-    mixer = ReplayMixer(ratio=ratio, capacity=64)
-    for version in range(6):
-        emitted = 0
-        for index in range(fresh):
-            g = group(f"v{version}g{index}", [1.0] + [0.0] * (group_size - 1))
-            emitted += len(g.trajectories) + sum(len(extra.trajectories) for extra in mixer.mix(g))
-        assert emitted >= batch, (version, fresh, emitted)
-        assert emitted <= batch + 3 * group_size * (1 + ratio / (1 - ratio)), (version, emitted)  # and not much more
+    batch_groups = -(-batch // group_size)  # the trainer cuts batches at whole groups
+    budget = PolicyBudget(0, batch_groups, 1, ratio)
+    mixer = ReplayMixer(ratio=ratio, capacity=64) if ratio else None
+    emitted = released = 0
+    surplus = []
+    for version in range(200):
+        for index in range(released, budget.capacity(version, dropped_groups=0)):
+            g = group(f"g{index}", [1.0] + [0.0] * (group_size - 1))
+            emitted += len(g.trajectories) + (sum(len(extra.trajectories) for extra in mixer.mix(g)) if mixer else 0)
+            released += 1
+        surplus.append(emitted - (version + 1) * batch_groups * group_size)
+        assert surplus[-1] >= 0, (version, released, emitted)  # batch version + 1 is complete
+    # what is left over stays within a couple of groups: it does not grow with the versions
+    assert max(surplus[100:]) <= 2 * group_size * (1 + ratio / (1 - ratio)), surplus[-5:]
+    assert max(surplus[100:]) - min(surplus[100:]) <= 2 * group_size * (1 + ratio / (1 - ratio))
