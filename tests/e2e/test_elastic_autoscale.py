@@ -3,20 +3,30 @@
 One producer sampling two prompts per generation cannot keep a trainer of 256-sample batches
 busy, so the trainer waits most of the time (w well above 0.10) and the scaler asks for more
 producers; ``astraflow run`` starts them. The test reads what the run left behind: the decisions
-on the metrics topic (``metrics.jsonl``), the producers' logs and ``summary.json``.
+on the metrics topic (``metrics.jsonl``), the producers' logs and ``summary.json``. The run is
+stopped as soon as the second producer has delivered trajectories (or after 1.5 min).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ASTRAFLOW, write_config
+from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+
+def producers_reported(run_dir: Path) -> set[str]:
+    """Producer instances that have reported trajectories so far (complete lines of ``metrics.jsonl``)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return {row["labels"]["instance"] for row in map(json.loads, lines) if row["name"] == "rollout.trajectories"}
 
 
 def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
@@ -27,9 +37,19 @@ def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
         scaler={"enabled": True, "min_producers": 1, "max_producers": 2, "window_s": 10, "interval_s": 3, "cooldown_s": 10},
         stop={"max_minutes": 1.5, "target_accuracy": None},  # the first decision comes after ~10 s of training
     )
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    with (run_dir / "launcher.out").open("wb") as out:
+        launcher = subprocess.Popen([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], stdout=out, stderr=subprocess.STDOUT)
+    try:  # once the second producer has delivered, the test has what it checks: stop the run (SIGTERM, as an operator would)
+        deadline = time.monotonic() + 600
+        while launcher.poll() is None and time.monotonic() < deadline:
+            if len(producers_reported(run_dir)) >= 2:
+                launcher.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.5)  # polling the run's metrics file for the condition
+        launcher.wait(timeout=300)
+    finally:
+        stop_processes([launcher])
+    assert launcher.returncode == 0, (run_dir / "launcher.out").read_text()[-3000:]
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     decisions = [m for m in metrics if m["name"] == "scaler.desired_producers"]
