@@ -29,6 +29,16 @@ from astraflow.topics import RunTopics
 REFRESH_S = 1.0
 
 
+def gain_over_base(accuracy: dict[int, float], after: int = 0) -> float:
+    """The mean of the last two held-out evaluations of versions after ``after``, minus the base
+    (version 0's); one evaluation of a few hundred prompts is too noisy to stop on. ``-inf`` until
+    the base and both evaluations exist."""
+    late = [accuracy[version] for version in sorted(accuracy) if version > after][-2:]
+    if 0 not in accuracy or len(late) < 2:
+        return float("-inf")
+    return sum(late) / 2 - accuracy[0]
+
+
 class RunMonitor:
     """Collects metrics of one run and decides when the run is done."""
 
@@ -102,13 +112,8 @@ class RunMonitor:
         return None
 
     def gain(self, policy: str) -> float:
-        """The mean of ``policy``'s last two held-out evaluations after its base, minus the base
-        (one evaluation of a few hundred prompts is too noisy to stop on); ``-inf`` until both exist."""
-        accuracy = self.policy_accuracy[policy]
-        late = [accuracy[version] for version in sorted(accuracy) if version > 0][-2:]
-        if 0 not in accuracy or len(late) < 2:
-            return float("-inf")
-        return sum(late) / 2 - accuracy[0]
+        """``policy``'s ``gain_over_base``."""
+        return gain_over_base(self.policy_accuracy[policy])
 
     def follow(self, children: list, dashboard: bool, on_refresh: Callable[[], str | None] | None = None) -> None:
         """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks (a note for the dashboard, or ``None``)."""

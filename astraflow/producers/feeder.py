@@ -81,11 +81,6 @@ class PolicyBudget:
         return -(-self.fresh_groups(batches) // self.groups_per_task) + returned
 
 
-def fresh_groups_per_batch(batch_samples: int, group_size: int, replay_ratio: float) -> int:
-    """Fresh groups of the first batch of ``batch_samples`` (``PolicyBudget.fresh_groups`` says why)."""
-    return PolicyBudget(0, math.ceil(batch_samples / group_size), 1, replay_ratio).fresh_groups(1)
-
-
 def policy_budgets(config) -> dict[str, PolicyBudget]:
     """The budget of every policy of the run's workflow (``RunConfig``)."""
     workflow = build_run_workflow(config)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from astraflow.infra.faults import FaultError, FaultInjector
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -39,13 +39,12 @@ def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
     )
     with (run_dir / "launcher.out").open("wb") as out:
         launcher = subprocess.Popen([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], stdout=out, stderr=subprocess.STDOUT)
-    try:  # once the second producer has delivered, the test has what it checks: stop the run (SIGTERM, as an operator would)
-        deadline = time.monotonic() + 600
-        while launcher.poll() is None and time.monotonic() < deadline:
-            if len(producers_reported(run_dir)) >= 2:
-                launcher.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.5)  # polling the run's metrics file for the condition
+    try:
+        try:  # once the second producer has delivered, the test has what it checks: stop the run (SIGTERM, as an operator would)
+            FaultInjector(run_dir, launcher, timeout_s=600, poll_s=0.5).wait_for("a second producer's trajectories", lambda: len(producers_reported(run_dir)) >= 2)
+            launcher.send_signal(signal.SIGTERM)
+        except FaultError:
+            pass  # the run ended first (stop.max_minutes): the assertions below say whether the pool grew
         launcher.wait(timeout=300)
     finally:
         stop_processes([launcher])

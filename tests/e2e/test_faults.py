@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.infra.faults import KINDS, FaultError, FaultInjector, schedule
+from astraflow.infra.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -51,7 +52,7 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
         last_fault = injector.faults[-1].version
         try:
             injector.wait_for("a gain after the last fault", lambda: injector.probe.version >= last_fault + AFTER_LAST_FAULT
-                              and gain_after(injector.probe.accuracy, last_fault) >= MARGIN, timeout_s=900)
+                              and gain_over_base(injector.probe.accuracy, after=last_fault) >= MARGIN, timeout_s=900)
             stopped_at = injector.probe.version
             launcher.send_signal(signal.SIGTERM)
         except FaultError:
@@ -63,12 +64,6 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
     audit = subprocess.run([str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300)
     assert audit.stdout, audit.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text()), json.loads(audit.stdout), injector, stopped_at
-
-
-def gain_after(accuracy: dict, version: int) -> float:
-    """The mean of the last two evaluations of versions after ``version``, minus the base (``-inf`` until both exist)."""
-    late = [accuracy[v] for v in sorted(accuracy) if v > version][-2:]
-    return sum(late) / 2 - accuracy[0] if len(late) == 2 and 0 in accuracy else float("-inf")
 
 
 def check(summary: dict, audit: dict, injector: FaultInjector, stopped_at: int) -> None:
@@ -84,7 +79,7 @@ def check(summary: dict, audit: dict, injector: FaultInjector, stopped_at: int) 
     assert summary["versions"] >= last_fault + AFTER_LAST_FAULT, (summary, injector.report())
     # evaluations the evaluator finished while the run stopped are left out: the stop was decided on the ones before
     accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items() if int(version) <= stopped_at}
-    assert gain_after(accuracy, last_fault) >= MARGIN, (summary, injector.report())
+    assert gain_over_base(accuracy, after=last_fault) >= MARGIN, (summary, injector.report())
 
 
 def test_embedded_run_survives_kills(run_dir: Path) -> None:
