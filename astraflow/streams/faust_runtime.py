@@ -34,6 +34,14 @@ nothing of it is committed, and ends the worker with the error; the restarted wo
 record again. Not supported here: ``offline`` mixers (they read another topic; use the native
 runtime). Each record's groups are emitted as they complete, so an ordering operator sees the
 groups of one record at a time.
+
+Two guards against faust-streaming itself. Around an assignment faust can leave records out of
+the agent's stream; the agent knows the next offset of each partition it must handle (the
+group's committed offset when assigned) and reads any records it skipped from the log, handling
+them in order before the record that revealed the gap (``_recover_skipped``). Left out, they
+were lost, and faust never committed the partition again: the broker aborted the open
+transaction after 60 s and the worker hung, fenced. And a worker whose acked records stay
+uncommitted for ``STALL_LIMIT_S`` fails, so the launcher restarts it (``_watch_commits``).
 """
 
 from __future__ import annotations
@@ -41,16 +49,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from functools import cached_property
+from collections.abc import AsyncIterator
 from typing import Any
 
 import faust
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer, Transport as AIOKafkaTransport
+from faust.types import TP
 
 from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
+from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.log import Message
-from astraflow.streams.faust_table import PendingTable, read_records
+from astraflow.streams.faust_table import PendingTable, read_range, read_records, start_offset
 from astraflow.streams.operators import GroupBuffer
 from astraflow.streams.processing import GroupProcessor
 from astraflow.weights.follow import WeightFollower
@@ -65,10 +76,17 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 """Largest record the worker's producer sends (a dead letter carries a whole trajectory)."""
 BATCH_BYTES = 1024 * 1024
 """Records per produce request, in bytes (librdkafka's default; aiokafka's 16 KiB holds no trajectory)."""
+STALL_LIMIT_S = 30.0
+"""A worker whose acked records stay uncommitted this long fails (and is restarted): half the
+transaction timeout (aiokafka's 60 s), after which the broker would abort the open transaction."""
 LINGER_S = 0.1
 """How long the producer waits to fill a batch. Records are read only once their transaction
 commits, which sends whatever waits, so fuller batches (fewer requests for the broker) cost no
 latency; it stays below ``COMMIT_INTERVAL_S`` so batches go out while the transaction runs."""
+
+
+class CommitStalled(AstraFlowError):
+    """Faust stopped committing a partition's acked records."""
 
 
 def replication_factor(bootstrap: str, topic: str) -> int:
@@ -94,6 +112,32 @@ class _QuiescentConsumer(AIOKafkaConsumer):
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         async with self.processing:
             return await super().commit(topics, start_new_transaction=start_new_transaction)
+
+    async def abandon(self, timeout: float = 10.0) -> None:
+        """Stop the thread running the Kafka consumer without committing (a failed worker's exit).
+
+        The thread is not a daemon: left running, it would keep the failed process alive.
+        """
+        try:
+            await asyncio.wait_for(self._thread.stop(), timeout)
+        except Exception:  # noqa: BLE001 - the worker is failing already; its exit matters more
+            logger.warning("the consumer thread did not stop cleanly", exc_info=True)
+
+    def uncommitted(self) -> dict[TP, int]:
+        """The first offset of each partition that the agent acked and faust has not committed yet."""
+        return {tp: min(offsets) for tp, offsets in self._acked.items() if offsets}
+
+    def ack_offsets(self, tp: TP, offsets: range) -> None:
+        """Count records the agent processed without faust delivering them as acked, as ``ack`` does.
+
+        Faust commits a partition only up to its first offset that was neither acked nor a gap in
+        the log, so without this the records after them would never be committed.
+        """
+        committed, acked, index = self._committed_offset[tp], self._acked[tp], self._acked_index[tp]
+        for offset in offsets:
+            if (committed is None or offset >= committed) and offset not in index:
+                index.add(offset)
+                acked.append(offset)
 
 
 class _Transport(AIOKafkaTransport):
@@ -133,6 +177,10 @@ class FaustStreamProcessor(GroupProcessor):
         self.source = ctx.topics.trajectories(policy)
         self.app_id = f"{ctx.config.run}.stream.{policy}"
         self.buffers: dict[int, GroupBuffer] = {}
+        self.next_offsets: dict[int, int] = {}
+        """The next offset of each assigned input partition that the agent has to process."""
+        self.recovered = 0
+        """Records faust left out, handled from the log instead (``_recover_skipped``)."""
         self.failure: BaseException | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -153,17 +201,40 @@ class FaustStreamProcessor(GroupProcessor):
         """Start the worker, wait for a stop signal or a failure, stop it (committing what is acked)."""
         app = self._build_app(follower, stop)
         await app.start()
+        watchdog = asyncio.create_task(self._watch_commits(app, stop))
         await app.wait(asyncio.get_running_loop().run_in_executor(None, stop.wait))
         stop.set()  # frees the waiting thread when the worker ended first
+        watchdog.cancel()
         if self.failure is not None:  # no app.stop(): it would commit. Drop the worker's tasks, as a crash would
             others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
             for task in others:
                 task.cancel()
             await asyncio.gather(*others, return_exceptions=True)
+            await app.consumer.abandon()
             raise self.failure
         if app.crash_reason is not None:
             raise app.crash_reason
         await app.stop()
+
+    async def _watch_commits(self, app: faust.App, stop: threading.Event) -> None:
+        """Fail the worker when the first uncommitted acked offset of a partition stays the same for
+        ``STALL_LIMIT_S``: its records are processed but will never be committed (a record before
+        them was never acked), and the broker would soon abort the transaction holding their outputs.
+        The restarted worker processes them again from the last commit."""
+        since: dict[TP, tuple[int, float]] = {}
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            pending = app.consumer.uncommitted()
+            since = {tp: since[tp] if since.get(tp, (None,))[0] == offset else (offset, now) for tp, offset in pending.items()}
+            for tp, (offset, first_seen) in since.items():
+                if now - first_seen > STALL_LIMIT_S:
+                    self.failure = CommitStalled(
+                        f"faust has committed nothing of partition {tp.partition} of {tp.topic} for {STALL_LIMIT_S:.0f} s: "
+                        f"offset {offset} is acked, {self.next_offsets.get(tp.partition)} is the next to process")
+                    logger.error("%s; stopping the worker", self.failure)
+                    stop.set()
+                    return
 
     def _build_app(self, follower: WeightFollower, stop: threading.Event) -> faust.App:
         ctx = self.ctx
@@ -198,7 +269,7 @@ class FaustStreamProcessor(GroupProcessor):
 
         async def process(stream: faust.StreamT) -> None:
             lock = app.consumer.processing
-            async for event in stream.noack().events():
+            async for event in self._events(stream):
                 await lock.acquire()
                 try:
                     await self._on_event(app, event, max(follower.latest_version, 0))
@@ -218,23 +289,55 @@ class FaustStreamProcessor(GroupProcessor):
             for tp in revoked:
                 if tp.topic == self.source:
                     self.buffers.pop(tp.partition, None)
+                    self.next_offsets.pop(tp.partition, None)
 
         app.on_partitions_revoked.connect(on_revoked)
         return app
+
+    def _events(self, stream: faust.StreamT) -> AsyncIterator[faust.EventT]:
+        """The input records as faust delivers them (acked by the agent once handled)."""
+        return stream.noack().events()
 
     async def _on_event(self, app: faust.App, event: faust.EventT, version: int) -> None:
         partition = event.message.partition
         message = Message(self.source, partition, event.message.offset, event.key, event.value,
                           int(event.message.timestamp * 1000))
+        loop = asyncio.get_running_loop()
         buffer = self.buffers.get(partition)
         if buffer is None:  # the partition's first record since it was assigned: its groups are in the table
             offsets = self.table.offsets(partition)
-            records = await asyncio.get_running_loop().run_in_executor(None, read_records, self.ctx.log, self.source, partition, offsets)
+            records = await loop.run_in_executor(None, read_records, self.ctx.log, self.source, partition, offsets)
             buffer = self.buffers[partition] = self.table.restore(partition, records, self.ctx.codec)
+            self.next_offsets[partition] = await loop.run_in_executor(None, start_offset, self.ctx.log, self.app_id, self.source, partition)
+        expected = self.next_offsets[partition]
+        if message.offset < expected:  # delivered again (faust re-read after a seek): handled in this assignment already
+            return
+        if message.offset > expected:
+            await self._recover_skipped(app, event.message.tp, expected, message.offset, version, buffer)
         self._handle(message, version, buffer)
+        self.next_offsets[partition] = message.offset + 1
         transactional_id = f"{app.conf.id}-{app.assignor.group_for_topic(self.source)}-{partition}"
         for topic, key, value, target in self.out.drain():
             await app.producer.send(topic, key, value, target, None, None, transactional_id=transactional_id)
+
+    async def _recover_skipped(self, app: faust.App, tp: TP, start: int, end: int, version: int, buffer: GroupBuffer) -> None:
+        """Handle the records ``start`` to ``end`` (exclusive) that faust did not deliver, read from the log.
+
+        faust-streaming (0.15) can leave records out around a partition's assignment: its stream
+        skips records fetched while its flow control is paused or under an older generation, and
+        its fetcher drops records below a read offset that a seek moved. Left out, they would be
+        lost (their groups never complete) and would hold back every later commit of the
+        partition until the broker aborts its transaction. So they are read here and handled in
+        offset order, like any record, and counted as acked.
+        """
+        missed = await asyncio.get_running_loop().run_in_executor(None, read_range, self.ctx.log, self.source, tp.partition, start, end)
+        logger.warning("faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
+                       start, end - 1, tp.partition, len(missed))
+        self.recovered += end - start
+        self.ctx.metric("stream.faust_skipped_records", self.recovered, version, policy=self.policy)
+        for message in missed:
+            self._handle(message, version, buffer)
+        app.consumer.ack_offsets(tp, range(start, end))
 
     def _handle(self, message: Message, version: int, buffer: GroupBuffer) -> None:
         """Steps 1-4 of ``streams.processing`` for one record, into the outbox, with its table writes."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, MutableMapping
 
-from astraflow.log import Log, TopicPartition
+from astraflow.log import Log, Message, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory
 from astraflow.streams.operators import GroupBuffer
@@ -126,3 +126,29 @@ def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> di
     finally:
         consumer.close()
     return found
+
+
+def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> list[Message]:
+    """The records of one partition from ``start`` up to ``end`` (exclusive) that are still there."""
+    tp = TopicPartition(topic, partition)
+    consumer = log.consumer(group_id=None)
+    found: list[Message] = []
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        while consumer.position(tp) < end:
+            found += [m for m in consumer.poll(max_records=1000, timeout=1.0) if start <= m.offset < end]
+    finally:
+        consumer.close()
+    return found
+
+
+def start_offset(log: Log, group: str, topic: str, partition: int) -> int:
+    """Where ``group`` starts reading a partition it is assigned: its committed offset, else the first record's."""
+    tp = TopicPartition(topic, partition)
+    consumer = log.consumer(group_id=group, auto_offset_reset="earliest")
+    try:
+        consumer.assign([tp])
+        return consumer.position(tp)
+    finally:
+        consumer.close()

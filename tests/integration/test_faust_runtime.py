@@ -9,6 +9,10 @@
    offsets it committed, once while its open transaction holds samples - and restarted each time
    loses no group and emits none twice: its transactions commit outputs, table changes and input
    offsets together, and the samples of the transaction cut short are never read.
+3. Records that faust leaves out of the agent's stream (as faust-streaming can around an
+   assignment) are read from the log and handled in their place: no group is lost, none is
+   emitted twice, and every offset is committed. This worker runs in the test's process, so
+   that its stream can leave records out.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +250,91 @@ def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Cal
     assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
     assert aborted > 0 and emitted_before_kill < len(samples)  # the kill cut a transaction holding samples
     assert uncommitted(run) == aborted  # ... whose samples were written again, in a transaction that committed
+
+
+class LeavingOut:
+    """A faust worker whose stream leaves out the records at ``skip`` (partition, offset) once;
+    with ``recover=False``, one that does not read them from the log either (as before the fix)."""
+
+    def __init__(self, run: Run, skip: set[tuple[int, int]], recover: bool = True) -> None:
+        from astraflow.context import ComponentContext
+        from astraflow.infra.process import resolve_config
+        from astraflow.streams.faust_runtime import FaustStreamProcessor
+
+        left_out = set(skip)
+
+        class Processor(FaustStreamProcessor):
+            async def _events(self, stream) -> AsyncIterator:
+                async for event in super()._events(stream):
+                    if left_out and (event.message.partition, event.message.offset) in left_out:
+                        left_out.discard((event.message.partition, event.message.offset))
+                        continue
+                    yield event
+
+            async def _recover_skipped(self, *args) -> None:
+                if recover:
+                    await super()._recover_skipped(*args)
+
+        self.left_out = left_out
+        self.ctx = ComponentContext(resolve_config(run.config, None, None, {"stream.runtime": "faust"}), run.run_dir, "stream")
+        self.processor = Processor(self.ctx, "main")
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.processor.run(self.stop)
+        except BaseException as exc:  # what the process would exit with
+            self.error = exc
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        self.ctx.close()
+
+
+def test_records_faust_leaves_out_are_handled_from_the_log(make_run: Callable[[str], Run]) -> None:
+    run = make_run("leftout")
+    groups = 40
+    run.produce([member(g, i) for g in range(groups) for i in range(GROUP)])
+    ends = run.log.end_offsets(run.topics.trajectories("main"))
+    assert min(ends.values()) > 20, ends
+    # the first records of a partition (nothing committed yet), a run in the middle, and one near the end
+    skip = {(p, offset) for p, end in ends.items() for offset in (0, 1, 9, 10, 11, end - 2)}
+    worker = LeavingOut(run, skip)
+    try:
+        wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups or not worker.thread.is_alive(), 90, "every group to be reported")
+        wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything")
+    finally:
+        worker.close()
+
+    assert worker.error is None
+    assert not worker.left_out  # faust did deliver each of them, and the stream left it out
+    assert worker.processor.recovered == len(skip)
+    stats = run.read(run.topics.feedback(), PromptStats)
+    assert sorted(s.group_id for s in stats) == sorted(f"g{g}" for g in range(groups))  # each group reported once
+    emitted = Counter(s.sample_id for s in run.read(run.topics.samples("main"), TrainSample))
+    assert max(emitted.values()) == 1
+    assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+
+
+def test_a_worker_that_stops_committing_fails(make_run: Callable[[str], Run], monkeypatch: pytest.MonkeyPatch) -> None:
+    from astraflow.streams import faust_runtime
+
+    monkeypatch.setattr(faust_runtime, "STALL_LIMIT_S", 3.0)
+    run = make_run("stall")
+    run.produce([member(g, i) for g in range(20) for i in range(GROUP)])
+    before = set(threading.enumerate())
+    # faust never commits partition 0 past offset 2 again (it would pass over a single missing offset)
+    worker = LeavingOut(run, {(0, 2), (0, 3)}, recover=False)
+    try:
+        wait_for(lambda: not worker.thread.is_alive(), 90, "the worker to fail")
+    finally:
+        worker.close()
+    assert isinstance(worker.error, faust_runtime.CommitStalled), worker.error
+    assert not [t.name for t in threading.enumerate() if not t.daemon and t not in before]  # the process can exit
+    assert "partition 0" in str(worker.error) and "offset 4 is acked" in str(worker.error)
+    assert run.committed().get(0, 0) <= 2
