@@ -24,7 +24,7 @@ from functools import cache, partial
 from typing import Any, Callable, TypeVar, overload
 
 import numpy as np
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 
 from astraflow.errors import SchemaError
@@ -142,15 +142,19 @@ class _Plan:
     dumps: tuple[_Field, ...]
     loads: tuple[_Field, ...]
 
-    def dump(self, record: Any) -> dict[str, Any]:
-        """The record as the dict fastavro writes; ``SchemaError`` names a field of the wrong type."""
+    splice: _Splice | None = None
+
+    def dump(self, record: Any, only: tuple[_Field, ...] | None = None) -> dict[str, Any]:
+        """The record (or its fields ``only``) as the dict fastavro writes; ``SchemaError`` names a
+        field of the wrong type."""
         if type(record) is not self.cls:
             raise SchemaError(f"expected a {self.cls.__name__}, got a {type(record).__name__}")
-        out = {f.name: getattr(record, f.name) for f in self.fields}
-        for f in self.fields:
+        chosen = self.fields if only is None else only
+        out = {f.name: getattr(record, f.name) for f in chosen}
+        for f in chosen:
             if f.types is not None and not isinstance(out[f.name], f.types):
                 raise SchemaError(f"{self.cls.__name__}.{f.name}: got {_describe(out[f.name])}, expected {f.expected}")
-        for f in self.dumps:
+        for f in self.dumps if only is None else [f for f in chosen if f.dump is not None]:
             try:
                 out[f.name] = f.dump(out[f.name])  # type: ignore[misc]
             except SchemaError as exc:
@@ -167,10 +171,46 @@ class _Plan:
         return self.cls(**values)
 
 
+@dataclass(frozen=True)
+class _Splice:
+    """How a record with one nested record field is written around that field's kept bytes.
+
+    Fields before and after the nested one are written with two schemas of their own (an Avro
+    record's body is its fields' bodies, one after another), the nested record's body is copied.
+    """
+
+    field: str
+    nested: str
+    """Full name of the nested record type."""
+    before: tuple[_Field, ...]
+    after: tuple[_Field, ...]
+    before_schema: dict[str, Any]
+    after_schema: dict[str, Any]
+
+
+def _splice(full_name: str, nodes: list[dict[str, Any]], fields_: tuple[_Field, ...]) -> _Splice | None:
+    """The splice plan of a record with exactly one nested record field and only unnamed types
+    elsewhere; ``None`` for any other record."""
+    nested = [i for i, f in enumerate(fields_) if f.expected in packaged_schemas()]
+    if len(nested) != 1 or any(f.expected in packaged_schemas() or f.expected == "record" for f in fields_[:nested[0]] + fields_[nested[0] + 1:]):
+        return None
+    i = nested[0]
+
+    def part(suffix: str, chosen: list[dict[str, Any]]) -> dict[str, Any]:
+        return parse_schema({"type": "record", "name": f"{full_name}_{suffix}", "fields": chosen}, _write_hint=False)
+
+    try:
+        before, after = part("before", nodes[:i]), part("after", nodes[i + 1:])
+    except Exception:  # noqa: BLE001 - a field type that needs named schemas: no splicing for this record
+        return None
+    return _Splice(fields_[i].name, fields_[i].expected, fields_[:i], fields_[i + 1:], before, after)
+
+
 @cache
 def _plan(full_name: str) -> _Plan:
     schema = packaged_schemas()[full_name]
-    fields_ = tuple(_field(f["name"], f["type"]) for f in json.loads(schema.text)["fields"])
+    nodes = json.loads(schema.text)["fields"]
+    fields_ = tuple(_field(f["name"], f["type"]) for f in nodes)
     return _Plan(
         cls=RECORD_TYPES[full_name.removeprefix(f"{NAMESPACE}.")],
         schema=schema,
@@ -178,6 +218,7 @@ def _plan(full_name: str) -> _Plan:
         fields=fields_,
         dumps=tuple(f for f in fields_ if f.dump is not None),
         loads=tuple(f for f in fields_ if f.load is not None),
+        splice=_splice(full_name, nodes, fields_),
     )
 
 
@@ -195,14 +236,20 @@ class Codec:
         if not isinstance(name, str) or RECORD_TYPES.get(name) is not type(record):
             raise SchemaError(f"cannot encode a {type(record).__name__}: not an AstraFlow record type")
         plan = _plan(f"{NAMESPACE}.{name}")
-        values = plan.dump(record)
-        buf = io.BytesIO()
-        buf.write(plan.header)
+        splice = plan.splice
+        kept = _kept(getattr(record, splice.field, None), _plan(splice.nested).header) if splice is not None else None
         try:
-            schemaless_writer(buf, plan.schema.parsed, values)
+            if kept is not None:  # splice.field's bytes as they were read: its arrays are not encoded again
+                before, after = io.BytesIO(), io.BytesIO()
+                schemaless_writer(before, splice.before_schema, plan.dump(record, splice.before))
+                schemaless_writer(after, splice.after_schema, plan.dump(record, splice.after))
+                return b"".join((plan.header, before.getvalue(), kept, after.getvalue()))
+            buf = io.BytesIO()
+            buf.write(plan.header)
+            schemaless_writer(buf, plan.schema.parsed, plan.dump(record))
+            return buf.getvalue()
         except (TypeError, ValueError, OverflowError) as exc:
             raise SchemaError(f"cannot encode {name}: {exc}") from exc
-        return buf.getvalue()
 
     @overload
     def decode(self, data: bytes) -> Any: ...
@@ -210,16 +257,25 @@ class Codec:
     @overload
     def decode(self, data: bytes, expect: type[R]) -> R: ...
 
-    def decode(self, data: bytes, expect: type[Any] | None = None) -> Any:
-        """The record in ``data``; with ``expect``, ``SchemaError`` unless it is of that type."""
+    def decode(self, data: bytes, expect: type[Any] | None = None, keep: bool = False) -> Any:
+        """The record in ``data``; with ``expect``, ``SchemaError`` unless it is of that type.
+
+        ``keep``: the record keeps ``data`` when it was written with the current schema, and a
+        record holding it in its one nested record field (a TrainSample holding a Trajectory)
+        copies those bytes instead of encoding the field again. For a record nobody changes
+        after decoding it (``dataclasses.replace`` makes a new record, which keeps nothing).
+        """
         writer = self.writer_of(data)
         if expect is not None and writer.name != f"{NAMESPACE}.{getattr(expect, 'SCHEMA', None)}":
             raise SchemaError(f"expected a {expect.__name__} record, got a {_where(writer, data)}")
         if writer.name not in packaged_schemas():
             raise SchemaError(f"cannot decode a {_where(writer, data)}: this package ships no such record type")
         plan = _plan(writer.name)
-        reader = None if writer.fingerprint == plan.schema.fingerprint else plan.schema.parsed
-        return plan.load(self._read(data, writer, reader))
+        current = writer.fingerprint == plan.schema.fingerprint
+        record = plan.load(self._read(data, writer, None if current else plan.schema.parsed))
+        if keep and current:
+            record.__dict__[_KEPT] = bytes(data)
+        return record
 
     def decode_dict(self, data: bytes) -> dict[str, Any]:
         """A JSON-able dict of the record; record types this package does not ship decode too."""
@@ -255,6 +311,18 @@ class Codec:
             left = len(data) - buf.tell()
             raise SchemaError(f"corrupt {_where(writer, data)}: {left} bytes left over after the body")
         return values
+
+
+_KEPT = "_avro_single_object"
+"""Attribute holding the single-object bytes a record was decoded from (``Codec.decode(keep=True)``)."""
+
+
+def _kept(record: Any, header: bytes) -> memoryview | None:
+    """The body of the bytes ``record`` was decoded from, if it kept them and they carry ``header``."""
+    data = getattr(record, "__dict__", {}).get(_KEPT)
+    if data is None or data[:HEADER_SIZE] != header:
+        return None
+    return memoryview(data)[HEADER_SIZE:]
 
 
 def _where(writer: WriterSchema, data: bytes) -> str:

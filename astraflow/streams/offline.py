@@ -104,7 +104,7 @@ class OfflineSource:
     def _add(self, message, version: int) -> None:
         key = message.key.decode("utf-8", "replace") if message.key else None  # the group id
         try:
-            trajectory = self.ctx.codec.decode(message.value, expect=Trajectory)
+            trajectory = self.ctx.codec.decode(message.value, expect=Trajectory, keep=True)
         except AstraFlowError as exc:
             self.ctx.dead_letter(message, f"undecodable offline trajectory: {exc}", exc)
             group = None if key is None else self.buffer.fail(key, f"{message.partition}@{message.offset}")

@@ -71,7 +71,7 @@ class GroupProcessor:
     def _admit(self, message: Message) -> Arrival:
         ctx = self.ctx
         try:
-            trajectory = ctx.codec.decode(message.value, expect=Trajectory)
+            trajectory = ctx.codec.decode(message.value, expect=Trajectory, keep=True)  # TrainSamples copy its bytes
         except AstraFlowError as exc:
             self._dead_letter(message, f"undecodable trajectory: {exc}", exc)
             group_id = message.key.decode("utf-8", "replace") if message.key else None

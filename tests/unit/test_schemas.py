@@ -439,3 +439,46 @@ def test_per_token_arrays_are_packed_bytes(name: str, field: str, logical: str) 
     assert spec["type"] == {"type": "bytes", "logicalType": logical}
     assert "packed" in spec["doc"]
 
+
+
+# --- kept bytes: a TrainSample copies the Trajectory it was decoded from -------------------------
+
+
+def sample_of(traj: Trajectory) -> TrainSample:
+    return TrainSample(sample_id="s/1", trajectory=traj, advantage=-0.5, deadline_version=4, operators=["grpo", "zero_variance"],
+                       replayed=True, created_ms=99)
+
+
+def test_a_kept_trajectory_is_copied_byte_for_byte_into_its_sample() -> None:
+    codec = Codec()
+    data = codec.encode(SAMPLES["Trajectory"])
+    kept, plain = codec.decode(data, expect=Trajectory, keep=True), codec.decode(data, expect=Trajectory)
+    spliced = codec.encode(sample_of(kept))
+    assert spliced == codec.encode(sample_of(plain))  # what encoding every field gives
+    assert data[10:] in spliced
+    decoded = codec.decode(spliced, expect=TrainSample)
+    assert (decoded.sample_id, decoded.advantage, decoded.operators, decoded.replayed, decoded.created_ms) == ("s/1", -0.5, ["grpo", "zero_variance"], True, 99)
+    assert_same(decoded.trajectory, SAMPLES["Trajectory"])
+
+
+def test_only_bytes_of_the_current_schema_are_kept() -> None:
+    store = SchemaStore.packaged()
+    codec = Codec(store)
+    old = codec.decode(write_with(old_schema("Trajectory"), store, SAMPLES["Trajectory"]), expect=Trajectory, keep=True)
+    spliced = codec.encode(sample_of(old))  # encoded field by field, with the current schema
+    assert spliced[2:10] == codec.encode(SAMPLES["TrainSample"])[2:10]
+    assert_same(codec.decode(spliced, expect=TrainSample).trajectory, trajectory(region="", hardware=""))
+
+
+def test_a_changed_copy_of_a_kept_trajectory_is_encoded_anew() -> None:
+    codec = Codec()
+    kept = codec.decode(codec.encode(SAMPLES["Trajectory"]), expect=Trajectory, keep=True)
+    changed = dataclasses.replace(kept, reward=-3.0)
+    assert codec.decode(codec.encode(sample_of(changed)), expect=TrainSample).trajectory.reward == -3.0
+
+
+def test_the_fields_around_a_kept_trajectory_are_still_checked() -> None:
+    codec = Codec()
+    kept = codec.decode(codec.encode(SAMPLES["Trajectory"]), expect=Trajectory, keep=True)
+    with pytest.raises(SchemaError, match="advantage"):
+        codec.encode(dataclasses.replace(sample_of(kept), advantage="high"))
