@@ -113,15 +113,15 @@ class _QuiescentConsumer(AIOKafkaConsumer):
         async with self.processing:
             return await super().commit(topics, start_new_transaction=start_new_transaction)
 
-    async def abandon(self, timeout: float = 10.0) -> None:
-        """Stop the thread running the Kafka consumer without committing (a failed worker's exit).
-
-        The thread is not a daemon: left running, it would keep the failed process alive.
-        """
-        try:
-            await asyncio.wait_for(self._thread.stop(), timeout)
-        except Exception:  # noqa: BLE001 - the worker is failing already; its exit matters more
-            logger.warning("the consumer thread did not stop cleanly", exc_info=True)
+    def abandon(self, timeout: float = 10.0) -> None:
+        """End the thread running the Kafka consumer at once: no commit, no goodbye to the group
+        (a failed worker's exit, as a crash would leave it). The thread is not a daemon: left
+        running, it would keep the failed process alive instead of letting it be restarted."""
+        service = self._thread
+        service.thread_loop.call_soon_threadsafe(service.thread_loop.stop)
+        worker = getattr(service, "_thread", None)  # mode's WorkerThread running that loop
+        if worker is not None:
+            worker.join(timeout)
 
     def uncommitted(self) -> dict[TP, int]:
         """The first offset of each partition that the agent acked and faust has not committed yet."""
@@ -209,8 +209,9 @@ class FaustStreamProcessor(GroupProcessor):
             others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
             for task in others:
                 task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
-            await app.consumer.abandon()
+            if others:  # some of faust's tasks may not end when cancelled: give them a moment, no more
+                await asyncio.wait(others, timeout=5)
+            app.consumer.abandon()
             raise self.failure
         if app.crash_reason is not None:
             raise app.crash_reason

@@ -321,6 +321,7 @@ def test_records_faust_leaves_out_are_handled_from_the_log(make_run: Callable[[s
     assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the consumer thread, ended at once
 def test_a_worker_that_stops_committing_fails(make_run: Callable[[str], Run], monkeypatch: pytest.MonkeyPatch) -> None:
     from astraflow.streams import faust_runtime
 
