@@ -83,6 +83,12 @@ class Producer(ABC):
     def close(self) -> None:
         """Flush and release resources."""
 
+    def settled(self) -> bool:
+        """Whether every record sent so far is acknowledged, without waiting where the backend can
+        tell; raises like ``flush`` for records that failed. This one flushes: always True."""
+        self.flush()
+        return True
+
     def __enter__(self) -> "Producer":
         return self
 

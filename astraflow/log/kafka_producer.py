@@ -83,6 +83,13 @@ class KafkaProducer(Producer):
         if remaining:
             raise DeliveryError(f"{remaining} record(s) not acknowledged within {timeout:.1f}s")
 
+    def settled(self) -> bool:
+        self._producer.poll(0)  # serve the delivery reports that have arrived
+        if len(self._producer):  # records queued or in flight
+            return False
+        self.flush(0)  # nothing to wait for: raises for the records that failed, if any
+        return True
+
     def close(self) -> None:
         if self._closed:
             return

@@ -18,10 +18,13 @@ dropped):
    offline source first reads what those groups earn it, ``streams.offline``), in the ordering's order
    (``Pipeline.emit``), go to ``{run}.samples.{policy}`` as TrainSamples that list the operators
    they passed.
-5. Flush, then commit per partition the offset below which every record belongs to an emitted
-   group (offline sources commit theirs likewise): half-filled groups are re-read after a crash,
-   emitted groups are never lost. A crash
-   between 5's flush and commit re-emits groups; sample ids are deterministic for the trainer
+5. Commit per partition the offset below which every record belongs to an emitted group
+   (offline sources commit theirs likewise), once every record sent before is acknowledged:
+   half-filled groups are re-read after a crash, emitted groups are never lost. The commit
+   waits for the acknowledgements without blocking: it happens after the next poll when they
+   have arrived meanwhile (the broker acknowledges one batch while the loop reads the next),
+   and after a flush when the log is idle or the offsets have waited ``MAX_COMMIT_DELAY_S``.
+   A crash before the commit re-emits groups; sample ids are deterministic for the trainer
    (those of replayed copies are deterministic only within one processor's lifetime).
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from astraflow.context import ComponentContext
 from astraflow.errors import LogError
@@ -39,6 +43,9 @@ from astraflow.streams.processing import GroupProcessor
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
+
+MAX_COMMIT_DELAY_S = 1.0
+"""The longest offsets wait for their samples' acknowledgements before the loop waits for them."""
 
 
 class NativeStreamProcessor(GroupProcessor):
@@ -55,9 +62,26 @@ class NativeStreamProcessor(GroupProcessor):
         consumer.subscribe([source])
         follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
         offline_sources = [OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index) for index, mixer in enumerate(self.pipeline.offline)]
+        pending: dict[TopicPartition, int] = {}  # offsets to commit once what was sent before them is acknowledged
+        pending_since = 0.0
+
+        def commit() -> None:
+            try:
+                consumer.commit(pending)
+            except LogError as exc:
+                logger.warning("commit after a rebalance rejected (the new owner re-reads): %s", exc)
+            pending.clear()
+            for offline in offline_sources:
+                offline.commit()
+
         try:
             while not stop.is_set():
                 messages = consumer.poll(max_records=512, timeout=0.5)
+                if pending and (not messages or time.monotonic() - pending_since > MAX_COMMIT_DELAY_S):
+                    ctx.producer.flush()
+                    commit()
+                elif pending and ctx.producer.settled():  # the previous poll's samples arrived while this one was read
+                    commit()
                 if not messages:
                     continue
                 version = max(follower.latest_version, 0)
@@ -71,15 +95,15 @@ class NativeStreamProcessor(GroupProcessor):
                 for group in self.pipeline.emit(accepted):
                     self._send(group, version)
                 self._count_redeliveries(version)
+                # the partitions this poll read from (asking for the others' positions costs a round trip each)
+                polled = {message.partition for message in messages}
+                positions = {p: consumer.position(TopicPartition(source, p)) for p in polled}
+                if not pending:
+                    pending_since = time.monotonic()
+                pending.update({TopicPartition(source, p): offset for p, offset in self.buffer.safe_offsets(positions).items()})
+            if pending:
                 ctx.producer.flush()
-                positions = {tp.partition: consumer.position(tp) for tp in consumer.assignment() if tp.topic == source}
-                safe = self.buffer.safe_offsets(positions)
-                try:
-                    consumer.commit({TopicPartition(source, p): offset for p, offset in safe.items()})
-                except LogError as exc:
-                    logger.warning("commit after a rebalance rejected (the new owner re-reads): %s", exc)
-                for offline in offline_sources:
-                    offline.commit()
+                commit()
         finally:
             for offline in offline_sources:
                 offline.close()

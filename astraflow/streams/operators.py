@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -48,8 +49,9 @@ class Group:
         """[G] float64, the rewards as the producers scored them."""
         return np.asarray([t.reward for t in self.trajectories], dtype=np.float64)
 
-    @property
+    @cached_property
     def min_version(self) -> int:
+        """Oldest weight version among the members' tokens (computed once: the members never change)."""
         return min(t.min_version for t in self.trajectories)
 
     @property
