@@ -4,9 +4,10 @@ Each variant is one process reading ``--records`` trajectory records (groups of 
 with mixed rewards, so the default pipeline accepts every group) from its own copy of the input
 topic (2 partitions), written before it starts, on a local KRaft broker:
 
-- ``raw``: confluent-kafka consume -> produce of the same bytes to a one-partition topic, flush
-  and commit after each poll of up to 512 (the native loop without decoding, operators and
-  encoding): the ceiling of this broker and client on this machine.
+- ``raw``: confluent-kafka consume -> produce of the same bytes to a one-partition topic, polls
+  of up to 512, committing as the native loop does (after the next poll once the copies are
+  acknowledged, or after a flush when idle or a second late): the native loop without decoding,
+  operators and encoding, the ceiling of this broker and client on this machine.
 - ``native``: ``astraflow stream --runtime native``: decode and validate, group, staleness ->
   GRPO -> zero_variance, TrainSamples and PromptStats encoded and sent, flush, commit.
 - ``faust``: ``astraflow stream --runtime faust``: the same operators as a faust agent; each
@@ -70,24 +71,34 @@ def make_trajectory(group: int, index: int, group_size: int, response_tokens: in
     )
 
 
-def raw_loop(bootstrap: str, source: str, target: str, records: int) -> None:
-    """Copy ``records`` records from ``source`` to ``target``: flush and commit after each poll."""
-    from confluent_kafka import Consumer, Producer
+def raw_loop(bootstrap: str, source: str, target: str, records: int, done: "mp.synchronize.Event") -> None:
+    """Copy ``records`` records from ``source`` to ``target``, committing as the native runtime does."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{source}.raw", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "fetch.max.bytes": 64 * 1024 * 1024, "log_level": 3})
     producer = Producer({"bootstrap.servers": bootstrap, **CLIENT})
     consumer.subscribe([source])
-    copied = 0
+    copied, pending, pending_since = 0, {}, 0.0
     while copied < records:
         first = consumer.poll(0.5)  # then what has arrived, up to 512: as the Log API polls
-        for message in ([first] + consumer.consume(511, timeout=0) if first is not None else []):
+        batch = [first] + consumer.consume(511, timeout=0) if first is not None else []
+        producer.poll(0)
+        # commit as the native loop does: once what was sent is acknowledged, without waiting for it
+        # unless the input is idle or the offsets have waited a second
+        if pending and (not batch or len(producer) == 0 or time.monotonic() - pending_since > 1.0):
+            producer.flush(30)
+            consumer.commit(offsets=[TopicPartition(source, p, offset) for p, offset in pending.items()], asynchronous=False)
+            pending = {}
+        for message in batch:
             if message.error() is None:
                 producer.produce(target, message.value(), message.key())
                 copied += 1
-        producer.flush(30)
-        consumer.commit(asynchronous=False)
+                pending_since = pending_since if pending else time.monotonic()
+                pending[message.partition()] = message.offset() + 1
+    producer.flush(30)
     consumer.close()
+    done.wait(120)  # until the CPU time was read: a process that exited may be reaped, and its /proc entry gone
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -150,7 +161,9 @@ def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_p
                 producer.send(topics.trajectories("main"), value, key=key)
     started = time.monotonic()
     if variant == "raw":
-        process = mp.get_context("spawn").Process(target=raw_loop, args=(bootstrap, topics.trajectories("main"), target, len(records)))
+        context = mp.get_context("spawn")
+        done = context.Event()
+        process = context.Process(target=raw_loop, args=(bootstrap, topics.trajectories("main"), target, len(records), done))
         process.start()
     else:
         config = tmp / f"{run}.yaml"
@@ -165,6 +178,7 @@ def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_p
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
         else:
+            done.set()
             process.join(timeout=60)
     rate = steady_rate(stamps)
     return {"trajectories_per_s": rate, "mb_per_s": rate * args.trajectory_bytes / 1e6,
