@@ -21,9 +21,10 @@ dropped):
 5. Commit per partition the offset below which every record belongs to an emitted group
    (offline sources commit theirs likewise), once every record sent before is acknowledged:
    half-filled groups are re-read after a crash, emitted groups are never lost. The commit
-   waits for the acknowledgements without blocking: it happens after the next poll when they
-   have arrived meanwhile (the broker acknowledges one batch while the loop reads the next),
-   and after a flush when the log is idle or the offsets have waited ``MAX_COMMIT_DELAY_S``.
+   waits for the acknowledgements without blocking: it happens at once where the log writes
+   on the spot (embedded: ``settled`` flushes), else after the next poll when they have arrived
+   meanwhile (the broker acknowledges one batch while the loop reads the next), and after a
+   flush when the log is idle or the offsets have waited ``MAX_COMMIT_DELAY_S``.
    A crash before the commit re-emits groups; sample ids are deterministic for the trainer
    (those of replayed copies are deterministic only within one processor's lifetime).
 """
@@ -101,6 +102,8 @@ class NativeStreamProcessor(GroupProcessor):
                 if not pending:
                     pending_since = time.monotonic()
                 pending.update({TopicPartition(source, p): offset for p, offset in self.buffer.safe_offsets(positions).items()})
+                if ctx.producer.settled():  # the embedded log writes here, at once; Kafka acknowledges later
+                    commit()
             if pending:
                 ctx.producer.flush()
                 commit()
