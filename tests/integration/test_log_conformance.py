@@ -309,3 +309,24 @@ def test_delivery_errors_surface_from_flush(log: Log, unique: str) -> None:
         producer.send(topic, b"fits")
         producer.flush()
     assert log.end_offsets(topic) == {0: 1}
+
+
+def test_settled_tells_when_sends_are_acknowledged_and_raises_their_errors(log: Log, unique: str) -> None:
+    topic = make_topic(log, unique, "settled", partitions=1, max_message_bytes=64 * 1024)
+    with log.producer() as producer:
+        assert producer.settled()  # nothing sent
+        for i in range(50):
+            producer.send(topic, os.urandom(1024), key=str(i).encode())  # 50 kB: one batch fits the topic
+        deadline = time.monotonic() + 30
+        while not producer.settled():  # Kafka: not blocking, true once the broker acknowledged all 50
+            assert time.monotonic() < deadline, "sends never acknowledged"
+            time.sleep(0.01)
+        with log.consumer() as consumer:  # settled means written: every record is there to read
+            consumer.assign([TopicPartition(topic, 0)])
+            assert len(drain(consumer, 50)) == 50
+        producer.send(topic, os.urandom(128 * 1024))
+        with pytest.raises(RecordTooLargeError, match=topic):
+            deadline = time.monotonic() + 30
+            while not producer.settled():
+                assert time.monotonic() < deadline, "the failure was never reported"
+                time.sleep(0.01)
