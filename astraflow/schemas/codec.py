@@ -192,7 +192,7 @@ def _splice(full_name: str, nodes: list[dict[str, Any]], fields_: tuple[_Field, 
     """The splice plan of a record with exactly one nested record field and only unnamed types
     elsewhere; ``None`` for any other record."""
     nested = [i for i, f in enumerate(fields_) if f.expected in packaged_schemas()]
-    if len(nested) != 1 or any(f.expected in packaged_schemas() or f.expected == "record" for f in fields_[:nested[0]] + fields_[nested[0] + 1:]):
+    if len(nested) != 1:
         return None
     i = nested[0]
 

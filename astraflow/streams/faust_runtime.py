@@ -335,7 +335,7 @@ class FaustStreamProcessor(GroupProcessor):
         partition until the broker aborts its transaction. So they are read here, handled in
         offset order like any record, and counted as acked.
         """
-        missed = await asyncio.get_running_loop().run_in_executor(None, read_range, self.ctx.log, self.source, tp.partition, start, end)
+        missed = await asyncio.get_running_loop().run_in_executor(None, lambda: list(read_range(self.ctx.log, self.source, tp.partition, start, end)))
         logger.warning("faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
                        start, end - 1, tp.partition, len(missed))
         self.recovered += end - start

@@ -31,7 +31,7 @@ that never completes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 
 from astraflow.log import Log, Message, TopicPartition
 from astraflow.schemas.codec import Codec
@@ -115,32 +115,21 @@ def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> di
     """The values of the records at ``offsets`` of one partition (those still there), read in one pass."""
     if not offsets:
         return {}
-    wanted, found = set(offsets), {}
-    tp = TopicPartition(topic, partition)
-    consumer = log.consumer(group_id=None)
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, min(wanted))
-        while consumer.position(tp) <= max(wanted):
-            found.update((m.offset, m.value) for m in consumer.poll(max_records=1000, timeout=1.0) if m.offset in wanted)
-    finally:
-        consumer.close()
-    return found
+    wanted = set(offsets)
+    return {m.offset: m.value for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted}
 
 
-def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> list[Message]:
-    """The records of one partition from ``start`` up to ``end`` (exclusive) that are still there."""
+def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
+    """The records of one partition from ``start`` up to ``end`` (exclusive) that are still there, in order."""
     tp = TopicPartition(topic, partition)
     consumer = log.consumer(group_id=None)
-    found: list[Message] = []
     try:
         consumer.assign([tp])
         consumer.seek(tp, start)
         while consumer.position(tp) < end:
-            found += [m for m in consumer.poll(max_records=1000, timeout=1.0) if start <= m.offset < end]
+            yield from (m for m in consumer.poll(max_records=1000, timeout=1.0) if start <= m.offset < end)
     finally:
         consumer.close()
-    return found
 
 
 def start_offset(log: Log, group: str, topic: str, partition: int) -> int:
