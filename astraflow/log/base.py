@@ -83,9 +83,14 @@ class Producer(ABC):
     def close(self) -> None:
         """Flush and release resources."""
 
-    def settled(self) -> bool:
-        """Whether every record sent so far is acknowledged, without waiting where the backend can
-        tell; raises like ``flush`` for records that failed. This one flushes: always True."""
+    def mark(self) -> int:
+        """A mark after every record sent so far, for ``settled`` to tell when those are acknowledged."""
+        return 0
+
+    def settled(self, mark: int | None = None) -> bool:
+        """Whether every record sent before ``mark`` (``None``: every record sent so far) is
+        acknowledged, without waiting where the backend can tell; raises like ``flush`` for records
+        that failed. This one flushes: always True."""
         self.flush()
         return True
 

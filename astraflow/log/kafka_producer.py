@@ -12,6 +12,9 @@ How the delivery contract of ``astraflow.log.base`` maps onto librdkafka:
 4. ``flush`` waits for the queue to drain, then raises ``RecordTooLargeError`` if any record was
    too large, ``DeliveryError`` for other failures, or for records still unacknowledged at the
    timeout (those stay queued and a later ``flush`` may still deliver them).
+5. ``send`` numbers each record; its delivery report (or its rejection at once) marks the number
+   done, so ``settled(mark)`` tells without waiting whether every record before a ``mark`` is
+   acknowledged, while later ones are still in flight.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from functools import partial
 from typing import Any, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
@@ -40,6 +44,12 @@ class KafkaProducer(Producer):
         self._failures: list[tuple[str, str, KafkaError]] = []
         """(topic, partition or "?", error) per record that failed since the last ``flush``."""
         self._closed = False
+        self._sent = 0
+        """Records sent so far: the next one's sequence number (``mark``)."""
+        self._done_below = 0
+        """Every record numbered below this one is acknowledged or failed."""
+        self._done_ahead: set[int] = set()
+        """Numbers of records done while an earlier one is not (reports of different partitions interleave)."""
 
     def send(
         self,
@@ -52,7 +62,9 @@ class KafkaProducer(Producer):
     ) -> None:
         if self._closed:
             raise LogError("send on a closed producer")
-        kwargs: dict[str, Any] = {"key": key, "on_delivery": self._on_delivery, "timestamp": timestamp_ms or 0}
+        sequence = self._sent
+        self._sent += 1
+        kwargs: dict[str, Any] = {"key": key, "on_delivery": partial(self._on_delivery, sequence), "timestamp": timestamp_ms or 0}
         if headers:
             kwargs["headers"] = list(headers)
         if partition is not None:
@@ -68,11 +80,17 @@ class KafkaProducer(Producer):
                 self._producer.poll(0.1)
             except KafkaException as exc:
                 self._failures.append((topic, "?" if partition is None else str(partition), exc.args[0]))
+                self._done(sequence)
                 break
         self._producer.poll(0)
 
     def flush(self, timeout: float = 30.0) -> None:
         remaining = self._producer.flush(timeout)
+        self._raise_failures()
+        if remaining:
+            raise DeliveryError(f"{remaining} record(s) not acknowledged within {timeout:.1f}s")
+
+    def _raise_failures(self) -> None:
         failures, self._failures = self._failures, []
         if failures:
             counts = Counter((topic, part, err.str()) for topic, part, err in failures)
@@ -80,14 +98,15 @@ class KafkaProducer(Producer):
             too_large = any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for _, _, err in failures)
             error = RecordTooLargeError if too_large else DeliveryError
             raise error(f"{len(failures)} record(s) not delivered: {detail}")
-        if remaining:
-            raise DeliveryError(f"{remaining} record(s) not acknowledged within {timeout:.1f}s")
 
-    def settled(self) -> bool:
+    def mark(self) -> int:
+        return self._sent
+
+    def settled(self, mark: int | None = None) -> bool:
         self._producer.poll(0)  # serve the delivery reports that have arrived
-        if len(self._producer):  # records queued or in flight
+        if self._done_below < (self._sent if mark is None else mark):  # records queued or in flight
             return False
-        self.flush(0)  # nothing to wait for: raises for the records that failed, if any
+        self._raise_failures()
         return True
 
     def close(self) -> None:
@@ -96,8 +115,19 @@ class KafkaProducer(Producer):
         self._closed = True
         self.flush()
 
-    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+    def _on_delivery(self, sequence: int, err: KafkaError | None, msg: Any) -> None:
+        self._done(sequence)
         if err is not None:
             logger.debug("delivery to %s[%s] failed: %s", msg.topic(), msg.partition(), err)
             partition = msg.partition()
             self._failures.append((msg.topic(), "?" if partition is None or partition < 0 else str(partition), err))
+
+    def _done(self, sequence: int) -> None:
+        """Record ``sequence`` as acknowledged or failed, moving ``_done_below`` past every done one."""
+        if sequence != self._done_below:
+            self._done_ahead.add(sequence)
+            return
+        self._done_below += 1
+        while self._done_below in self._done_ahead:
+            self._done_ahead.remove(self._done_below)
+            self._done_below += 1

@@ -22,9 +22,10 @@ dropped):
    (offline sources commit theirs likewise), once every record sent before is acknowledged:
    half-filled groups are re-read after a crash, emitted groups are never lost. The commit
    waits for the acknowledgements without blocking: it happens at once where the log writes
-   on the spot (embedded: ``settled`` flushes), else after the next poll when they have arrived
-   meanwhile (the broker acknowledges one batch while the loop reads the next), and after a
-   flush when the log is idle or the offsets have waited ``MAX_COMMIT_DELAY_S``.
+   on the spot (embedded: ``settled`` flushes); else, after each poll, the loop commits the
+   offsets of the latest earlier poll whose sends the broker has acknowledged meanwhile
+   (``Producer.mark``: the broker acknowledges one batch while the loop reads the next), and
+   flushes to commit everything when the log is idle or offsets have waited ``MAX_COMMIT_DELAY_S``.
    A crash before the commit re-emits groups; sample ids are deterministic for the trainer
    (those of replayed copies are deterministic only within one processor's lifetime).
 """
@@ -63,28 +64,44 @@ class NativeStreamProcessor(GroupProcessor):
         consumer.subscribe([source])
         follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
         offline_sources = [OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index) for index, mixer in enumerate(self.pipeline.offline)]
-        pending: dict[TopicPartition, int] = {}  # offsets to commit once what was sent before them is acknowledged
-        pending_since = 0.0
+        pending: list[tuple[int, dict[TopicPartition, int], float]] = []
+        """Per poll not committed yet: the producer's mark after its sends, its offsets, when it was read."""
 
-        def commit() -> None:
+        def commit(settled: int) -> None:
+            """Commit the offsets of the first ``settled`` polls of ``pending`` (all of them: the
+            offline sources' too), whose sends are acknowledged."""
+            offsets: dict[TopicPartition, int] = {}
+            for _, polled, _ in pending[:settled]:
+                offsets.update(polled)
             try:
-                consumer.commit(pending)
+                if offsets:
+                    consumer.commit(offsets)
             except LogError as exc:
                 logger.warning("commit after a rebalance rejected (the new owner re-reads): %s", exc)
-            pending.clear()
-            for offline in offline_sources:
-                offline.commit()
+            all_settled = settled == len(pending)
+            del pending[:settled]
+            if all_settled:  # offline sources commit their positions, which every sent sample is below only now
+                for offline in offline_sources:
+                    offline.commit()
+
+        def commit_settled() -> None:
+            """Commit the polls whose sends are acknowledged, without waiting for any."""
+            for index in range(len(pending), 0, -1):  # marks increase: the last settled poll settles every one before it
+                if ctx.producer.settled(pending[index - 1][0]):
+                    commit(index)
+                    return
 
         try:
             while not stop.is_set():
                 messages = consumer.poll(max_records=512, timeout=0.5)
-                if pending and (not messages or time.monotonic() - pending_since > MAX_COMMIT_DELAY_S):
+                if pending and (not messages or time.monotonic() - pending[0][2] > MAX_COMMIT_DELAY_S):
                     ctx.producer.flush()
-                    commit()
-                elif pending and ctx.producer.settled():  # the previous poll's samples arrived while this one was read
-                    commit()
+                    commit(len(pending))
+                elif pending:  # the samples of earlier polls may have been acknowledged while this one was read
+                    commit_settled()
                 if not messages:
                     continue
+                read_at = time.monotonic()
                 version = max(follower.latest_version, 0)
                 accepted = []
                 for message in messages:
@@ -99,14 +116,13 @@ class NativeStreamProcessor(GroupProcessor):
                 # the partitions this poll read from (asking for the others' positions costs a round trip each)
                 polled = {message.partition for message in messages}
                 positions = {p: consumer.position(TopicPartition(source, p)) for p in polled}
-                if not pending:
-                    pending_since = time.monotonic()
-                pending.update({TopicPartition(source, p): offset for p, offset in self.buffer.safe_offsets(positions).items()})
+                safe = {TopicPartition(source, p): offset for p, offset in self.buffer.safe_offsets(positions).items()}
+                pending.append((ctx.producer.mark(), safe, read_at))
                 if ctx.producer.settled():  # the embedded log writes here, at once; Kafka acknowledges later
-                    commit()
+                    commit(len(pending))
             if pending:
                 ctx.producer.flush()
-                commit()
+                commit(len(pending))
         finally:
             for offline in offline_sources:
                 offline.close()

@@ -311,6 +311,22 @@ def test_delivery_errors_surface_from_flush(log: Log, unique: str) -> None:
     assert log.end_offsets(topic) == {0: 1}
 
 
+def test_settled_at_a_mark_means_every_record_sent_before_it_is_written(log: Log, unique: str) -> None:
+    topic = make_topic(log, unique, "marked", partitions=2)
+    with log.producer() as producer:
+        for i in range(40):
+            producer.send(topic, os.urandom(1024), key=str(i).encode())
+        mark = producer.mark()
+        for i in range(40):
+            producer.send(topic, os.urandom(1024), key=str(i).encode())  # after the mark: may still be in flight
+        deadline = time.monotonic() + 30
+        while not producer.settled(mark):
+            assert time.monotonic() < deadline, "sends before the mark never acknowledged"
+            time.sleep(0.01)
+        ends = log.end_offsets(topic)
+        assert sum(ends.values()) >= 40
+
+
 def test_settled_tells_when_sends_are_acknowledged_and_raises_their_errors(log: Log, unique: str) -> None:
     topic = make_topic(log, unique, "settled", partitions=1, max_message_bytes=64 * 1024)
     with log.producer() as producer:
