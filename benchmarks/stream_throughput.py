@@ -14,7 +14,9 @@ topic (2 partitions), written before it starts, on a local KRaft broker:
   record's outputs, table entries and input offset are committed together in Kafka transactions.
 
 Rate: trajectories per second over the steady part of the run, the output records (samples;
-for ``raw`` the copies) between the 10th and the 90th percentile of their log timestamps. That
+for ``raw`` the copies) between the 10th and the 90th percentile of the times the broker
+appended them (``LogAppendTime``, set on each output topic: a producer's own timestamps would
+time handing records to a client that buffers them, not writing them to the log). That
 leaves out each process's start (faust: joining the group and restoring its table), which is
 not throughput. Next to it, trajectories per CPU-second of the process and the broker
 (``/proc``; the broker only when this script started it), from the first output record seen to
@@ -57,6 +59,10 @@ TARGETS = {"faust_vs_raw": 0.3, "native_vs_raw": 0.5}
 PARTITIONS = 2
 CLIENT = {"acks": "all", "enable.idempotence": True, "message.max.bytes": 64 * 1024 * 1024, "log_level": 3}
 """The raw loop's producer settings: those of ``KafkaLog``, so the ratio measures what a runtime adds."""
+CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 64 * 1024 * 1024,
+            "fetch.max.bytes": 64 * 1024 * 1024, "receive.message.max.bytes": 65 * 1024 * 1024, "log_level": 3}
+"""The raw loop's consumer settings: the fetch sizes of ``KafkaLog`` (librdkafka's default of 1 MB per
+partition and fetch would make raw fetch ~50 trajectories a round trip, where the runtimes fetch 64 MB)."""
 
 
 def make_trajectory(group: int, index: int, group_size: int, response_tokens: int, rng: np.random.Generator) -> Trajectory:
@@ -75,8 +81,7 @@ def raw_loop(bootstrap: str, source: str, target: str, records: int, done: "mp.s
     """Copy ``records`` records from ``source`` to ``target``, committing as the native runtime does."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{source}.raw", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "fetch.max.bytes": 64 * 1024 * 1024, "log_level": 3})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{source}.raw", **CONSUMER})
     producer = Producer({"bootstrap.servers": bootstrap, **CLIENT})
     consumer.subscribe([source])
     copied, pending, pending_since = 0, {}, 0.0
@@ -101,6 +106,21 @@ def raw_loop(bootstrap: str, source: str, target: str, records: int, done: "mp.s
     done.wait(120)  # until the CPU time was read: a process that exited may be reaped, and its /proc entry gone
 
 
+def stamp_on_append(bootstrap: str, topic: str) -> None:
+    """Make the broker stamp each record of ``topic`` when it appends it (``LogAppendTime``).
+
+    A producer's own timestamps (``CreateTime``) tell when it handed a record to its client, which
+    buffers up to a gigabyte: a raw loop copying prefetched records would be timed at memory speed.
+    """
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the futures resolve
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds the processes used so far (``/proc/PID/stat``)."""
     total = 0
@@ -113,10 +133,10 @@ def cpu_seconds(pids: list[int]) -> float:
 def follow_output(bootstrap: str, topic: str, records: int, process: subprocess.Popen | mp.process.BaseProcess,
                   pids: dict[str, int], timeout_s: float) -> tuple[list[int], int, dict[str, float]]:
     """Read the ``records`` committed records of ``topic`` as they arrive. Returns their log
-    timestamps (ms), how many arrived after the first poll that saw any, and the CPU seconds the
+    append timestamps (ms), how many arrived after the first poll that saw any, and the CPU seconds the
     processes in ``pids`` used from that poll to the last (a finished process still has its
     ``/proc`` entry until it is reaped)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024, "log_level": 3})
@@ -127,7 +147,12 @@ def follow_output(bootstrap: str, topic: str, records: int, process: subprocess.
     while len(stamps) < records:
         if failed(process) or time.monotonic() > deadline:
             raise RuntimeError(f"{topic}: {len(stamps)} of {records} records, and the process {'failed' if failed(process) else 'timed out'}")
-        stamps += [m.timestamp()[1] for m in consumer.consume(1000, timeout=0.2) if m.error() is None]
+        for message in consumer.consume(1000, timeout=0.2):
+            if message.error() is None:
+                kind, stamp = message.timestamp()
+                if kind != TIMESTAMP_LOG_APPEND_TIME:
+                    raise RuntimeError(f"{topic}: records are not stamped by the broker (timestamp type {kind})")
+                stamps.append(stamp)
         if first is None and stamps:
             first = len(stamps), {name: cpu_seconds([pid]) for name, pid in pids.items()}
     consumer.close()
@@ -156,6 +181,7 @@ def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_p
         topics.ensure(log, PARTITIONS)
         target = topics.samples("main") if variant != "raw" else f"{run}.copies"
         log.create_topic(TopicSpec(target, partitions=1, max_message_bytes=32 * 1024 * 1024))
+        stamp_on_append(bootstrap, target)
         with log.producer() as producer:
             for key, value in records:
                 producer.send(topics.trajectories("main"), value, key=key)
