@@ -21,11 +21,14 @@ between two records. Steps, per input record:
 
 1. Take the processing lock (faust's commits wait for it; see ``_QuiescentConsumer``).
 2. Decode, validate, group, run the operators and collect the output records (``_handle``, no
-   I/O): dead letters, the changelog writes of the group's entries, PromptStats and samples.
-3. Send them all with the transactional id of the input partition, then ack the record.
-4. Release the lock. Faust's next commit (every ``COMMIT_INTERVAL_S``) adds the acked offsets to
-   each partition's transaction and commits it: outputs, state and input offsets become visible
-   together, or - after a crash - not at all, and the records are processed again.
+   I/O): dead letters, PromptStats and samples; the change to the group's table entries is
+   applied and kept for the commit.
+3. Send the records with the transactional id of the input partition, then ack the record.
+4. Release the lock. Faust's next commit (every ``COMMIT_INTERVAL_S``) first writes the table's
+   net changes since the last commit (``PendingTable.flush``: a group completed in between is
+   never written), then adds the acked offsets to each partition's transaction and commits it:
+   outputs, state and input offsets become visible together, or - after a crash - not at all,
+   and the records are processed again.
 
 Readers see the outputs once the transaction commits, if they read committed records: the Kafka
 log's consumers do (librdkafka's default ``isolation.level``). Metrics go through the component's
@@ -50,7 +53,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import cached_property
 from typing import Any
 
@@ -105,12 +108,18 @@ class _QuiescentConsumer(AIOKafkaConsumer):
     offset; a crash then re-processes the record and writes that part twice.
     """
 
+    before_commit: Callable[[], Awaitable[None]] | None = None
+    """Called at each commit, between two records, before faust commits: the agent writes the
+    changes of its table there (``PendingTable.flush``), inside the transactions being committed."""
+
     @cached_property
     def processing(self) -> asyncio.Lock:
         return asyncio.Lock()
 
     async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
         async with self.processing:
+            if self.before_commit is not None:
+                await self.before_commit()
             return await super().commit(topics, start_new_transaction=start_new_transaction)
 
     def abandon(self, timeout: float = 10.0) -> None:
@@ -271,8 +280,14 @@ class FaustStreamProcessor(GroupProcessor):
         self.table = PendingTable(table.data, lambda key, value, partition: self.out.put(changelog, key, value, partition))
         topic = app.topic(self.source, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
+        async def flush_table() -> None:
+            """Write the table's changes since the last commit, each in its partition's transaction."""
+            self.table.flush()
+            await self._send_outbox(app)
+
         async def process(stream: faust.StreamT) -> None:
             lock = app.consumer.processing
+            app.consumer.before_commit = flush_table
             async for event in self._events(stream):
                 await lock.acquire()
                 try:
@@ -294,6 +309,7 @@ class FaustStreamProcessor(GroupProcessor):
                 if tp.topic == self.source:
                     self.buffers.pop(tp.partition, None)
                     self.next_offsets.pop(tp.partition, None)
+                    self.table.forget(tp.partition)
 
         app.on_partitions_revoked.connect(on_revoked)
         return app
@@ -320,9 +336,18 @@ class FaustStreamProcessor(GroupProcessor):
             await self._recover_skipped(app, event.message.tp, expected, message.offset, version, buffer)
         self._handle(message, version, buffer)
         self.next_offsets[partition] = message.offset + 1
-        transactional_id = f"{app.conf.id}-{app.assignor.group_for_topic(self.source)}-{partition}"
-        for topic, key, value, target in self.out.drain():
-            await app.producer.send(topic, key, value, target, None, None, transactional_id=transactional_id)
+        await self._send_outbox(app, partition)
+
+    async def _send_outbox(self, app: faust.App, source_partition: int | None = None) -> None:
+        """Send the outbox in the transaction of the input partition the records come from:
+        ``source_partition``, or for a changelog write the partition it is written to (the same)."""
+        records = self.out.drain()
+        if not records:  # a commit before any record, or with no table change: the assignor may not know the topic yet
+            return
+        group = app.assignor.group_for_topic(self.source)
+        for topic, key, value, target in records:
+            partition = target if source_partition is None else source_partition
+            await app.producer.send(topic, key, value, target, None, None, transactional_id=f"{app.conf.id}-{group}-{partition}")
 
     async def _recover_skipped(self, app: faust.App, tp: TP, start: int, end: int, version: int, buffer: GroupBuffer) -> None:
         """Handle the records ``start`` to ``end`` (exclusive) that faust did not deliver, read from the log.

@@ -3,10 +3,16 @@
 The faust runtime collects groups in one ``GroupBuffer`` per input partition, the same class
 the native runtime uses, so a group completes, fails or drops a duplicate the same way on both.
 What the native runtime gets from re-reading uncommitted records after a crash, the faust
-runtime gets from this table: every change a record makes to a buffer is written to the table's
-changelog topic in the same Kafka transaction as the record's input offset, and a buffer is
+runtime gets from this table: the changes records make to a buffer are written to the table's
+changelog topic in the same Kafka transaction as the records' input offsets, and a buffer is
 rebuilt from the table when its partition is (re)assigned - after faust restored the table from
 the changelog. So the offset of a record can be committed while its group is still half full.
+
+The changes are written once per transaction, not per record: ``journal`` applies each record's
+change to the store at once and keeps it as unsent, and ``flush`` - called just before each
+commit, inside the transaction it commits - writes the net change since the last one. A group
+whose members all arrive between two commits (the usual case: a producer writes a group's
+members together) never reaches the changelog; an entry written before is deleted by a tombstone.
 
 Layout: one entry per member, keyed ``{partition}␟{kind}␟{group_id}␟{member}`` (``␟`` is the
 ASCII unit separator, which ids never contain), so a partition's entries are found by prefix:
@@ -21,7 +27,7 @@ changelog would double the bytes the worker and the broker write. A buffer is re
 those records again (``read_records``); one that retention deleted meanwhile makes its group
 incomplete, like a dead-lettered member.
 
-``journal`` turns one record's effect on a buffer into table writes by comparing the group's
+``journal`` turns one record's effect on a buffer into table changes by comparing the group's
 entries before and after: the arriving member is added, a completed group's entries are deleted.
 The ids of completed groups that ``GroupBuffer`` remembers (to drop late duplicates) are not in
 the table: after a restart, a late duplicate of a group emitted before it starts a new group
@@ -57,6 +63,11 @@ class PendingTable:
     def __init__(self, data: MutableMapping[bytes, bytes], write: ChangelogWrite) -> None:
         self.data = data
         self.write = write
+        self.unsent: dict[int, dict[bytes, bytes | None]] = {}
+        """Per partition, the changes not written to the changelog yet: key → value (``None``: delete)."""
+        self.written: set[bytes] = set()
+        """Keys whose entry is in the changelog (restored from it, or written by ``flush``), so
+        that deleting them needs a tombstone."""
 
     def entries(self, buffer: GroupBuffer, partition: int, group_id: str | None) -> set[bytes]:
         """The keys that ``group_id``'s members in ``buffer`` have in the table."""
@@ -66,18 +77,43 @@ class PendingTable:
         return keys | {entry_key(partition, FAILED, group_id, member) for member in buffer.failed.get(group_id, {})}
 
     def journal(self, before: set[bytes], after: set[bytes], partition: int, offset: int, group_size: int) -> None:
-        """Write what changed between two ``entries`` of one group around one arriving record.
+        """Apply what changed between two ``entries`` of one group around one arriving record,
+        and keep it for the next ``flush``.
 
         ``offset`` is the arriving record's (stored for a trajectory) and ``group_size`` the size
         it announced (stored for a dead-lettered member): at most one entry is new.
         """
+        unsent = self.unsent.setdefault(partition, {})
         for key in after - before:
             stored = str(offset if key.split(SEPARATOR, 2)[1] == MEMBER else group_size).encode()
             self.data[key] = stored
-            self.write(key, stored, partition)
+            unsent[key] = stored
         for key in before - after:
             self.data.pop(key, None)
-            self.write(key, None, partition)
+            if key in self.written:
+                unsent[key] = None
+            else:  # added since the last flush: the changelog never needs to hear of it
+                unsent.pop(key, None)
+
+    def flush(self) -> int:
+        """Write the changes kept since the last flush; returns how many were written."""
+        count = 0
+        for partition, changes in self.unsent.items():
+            for key, value in changes.items():
+                self.write(key, value, partition)
+                if value is None:
+                    self.written.discard(key)
+                else:
+                    self.written.add(key)
+            count += len(changes)
+        self.unsent.clear()
+        return count
+
+    def forget(self, partition: int) -> None:
+        """Drop what this table knows of ``partition`` beyond its store (the partition was revoked)."""
+        self.unsent.pop(partition, None)
+        prefix = str(partition).encode() + SEPARATOR
+        self.written = {key for key in self.written if not key.startswith(prefix)}
 
     def members(self, partition: int) -> dict[tuple[str, str, str], int]:
         """The entries of ``partition``: (kind, group id, member) → offset (``m``) or group size (``f``)."""
@@ -99,7 +135,9 @@ class PendingTable:
         ``records``: the input records its member entries point at, by offset (``read_records``).
         """
         buffer = GroupBuffer()
-        for (kind, group_id, member), number in self.members(partition).items():
+        entries = self.members(partition)
+        self.written |= {entry_key(partition, kind.encode(), group_id, member) for kind, group_id, member in entries}
+        for (kind, group_id, member), number in entries.items():
             if kind == FAILED.decode():
                 buffer.fail(group_id, member, number)
             elif number in records:

@@ -2,7 +2,8 @@
 
 The table is checked without faust or a broker: a dict stands for faust's store, a list for the
 changelog and a dict of offsets for the input partition. Each record's effect on a
-``GroupBuffer`` becomes at most one new entry; a group that completes deletes its entries; and
+``GroupBuffer`` becomes at most one new entry; a group that completes deletes its entries; the
+changelog hears of the net change at each flush (a commit); and
 a buffer rebuilt from the entries and the records they point at (what a restarted worker does)
 completes the same groups as the buffer it replaces.
 """
@@ -46,21 +47,49 @@ def member(group: str, index: int, size: int = 3) -> tuple[Arrival, bytes]:
     return Arrival(group, trajectory.trajectory_id, size, trajectory), CODEC.encode(trajectory)
 
 
-def test_entries_are_written_once_and_deleted_with_their_group() -> None:
+def test_entries_are_written_at_a_flush_and_deleted_with_their_group() -> None:
     data, changelog = {}, []
     table, buffer = PendingTable(data, lambda key, value, partition: changelog.append((key, value))), GroupBuffer()
     for index in (0, 1):
         assert arrive(table, buffer, *member("a", index, size=4)) is None
-    assert arrive(table, buffer, *member("a", 1, size=4)) is None  # redelivered: no write
+    assert arrive(table, buffer, *member("a", 1, size=4)) is None  # redelivered: no change
     assert arrive(table, buffer, Arrival("a", "0@7", 0), b"garbage") is None  # dead-lettered member
     assert sorted(data) == sorted([entry_key(0, b"m", "a", "a/0"), entry_key(0, b"m", "a", "a/1"), entry_key(0, b"f", "a", "0@7")])
     assert data[entry_key(0, b"m", "a", "a/1")] == b"1" and data[entry_key(0, b"f", "a", "0@7")] == b"0"  # offset; size
-    assert len(changelog) == 3
+    assert changelog == []  # kept for the commit
+    assert table.flush() == 3 and sorted(changelog) == sorted((key, value) for key, value in data.items())
     assert arrive(table, buffer, *member("b", 0)) is None
     group = arrive(table, buffer, *member("a", 2, size=4))  # the 4th member: 2 trajectories, 1 failed, this one
     assert group is not None and group.failed == ["0@7"] and [t.trajectory_id for t in group.trajectories] == ["a/0", "a/1", "a/2"]
     assert list(data) == [entry_key(0, b"m", "b", "b/0")]
-    assert [value for _, value in changelog[-3:]] == [None, None, None]  # a's three entries deleted; a/2 never written
+    del changelog[:]
+    assert table.flush() == 4
+    assert sorted(changelog) == sorted([(entry_key(0, b"m", "a", "a/0"), None), (entry_key(0, b"m", "a", "a/1"), None),
+                                        (entry_key(0, b"f", "a", "0@7"), None), (entry_key(0, b"m", "b", "b/0"), b"4")])
+    assert table.flush() == 0  # nothing changed since
+
+
+def test_a_group_completed_between_two_flushes_never_reaches_the_changelog() -> None:
+    data, changelog = {}, []
+    table, buffer = PendingTable(data, lambda key, value, partition: changelog.append((key, value))), GroupBuffer()
+    for index in range(3):
+        group = arrive(table, buffer, *member("a", index))
+    assert group is not None and data == {}
+    assert table.flush() == 0 and changelog == []
+
+
+def test_restored_entries_are_deleted_from_the_changelog_when_their_group_completes() -> None:
+    data, changelog = {}, []
+    table = PendingTable(data, lambda key, value, partition: changelog.append((key, value)))
+    arrive(table, GroupBuffer(), *member("a", 0))
+    table.flush()  # a/0 is in the changelog; a restarted worker's table starts from it
+    restarted = PendingTable(dict(data), lambda key, value, partition: changelog.append((key, value)))
+    buffer = restarted.restore(0, {offset: INPUT[offset] for offset in restarted.offsets(0)}, CODEC)
+    del changelog[:]
+    for index in (1, 2):
+        group = arrive(restarted, buffer, *member("a", index))
+    assert group is not None and restarted.flush() == 1
+    assert changelog == [(entry_key(0, b"m", "a", "a/0"), None)]
 
 
 def test_a_restored_buffer_completes_the_same_groups() -> None:
