@@ -62,8 +62,7 @@ class KafkaProducer(Producer):
     ) -> None:
         if self._closed:
             raise LogError("send on a closed producer")
-        sequence = self._sent
-        self._sent += 1
+        sequence = self._sent  # counted once the record is queued or failed; a send that raises is not
         kwargs: dict[str, Any] = {"key": key, "on_delivery": partial(self._on_delivery, sequence), "timestamp": timestamp_ms or 0}
         if headers:
             kwargs["headers"] = list(headers)
@@ -82,6 +81,7 @@ class KafkaProducer(Producer):
                 self._failures.append((topic, "?" if partition is None else str(partition), exc.args[0]))
                 self._done(sequence)
                 break
+        self._sent += 1
         self._producer.poll(0)
 
     def flush(self, timeout: float = 30.0) -> None:
