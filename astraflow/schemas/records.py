@@ -76,9 +76,13 @@ class Trajectory:
     @property
     def min_version(self) -> int:
         """Oldest weight version among the generated tokens (the sample's staleness anchor)."""
+        versions = self.token_versions
+        if not versions.size:
+            return -1
+        if self.loss_mask.all():  # the usual case: every token is the policy's (no tool output, no prompt)
+            return int(versions.min())
         mask = self.loss_mask.astype(bool)
-        versions = self.token_versions[mask] if mask.any() else self.token_versions
-        return int(versions.min()) if versions.size else -1
+        return int((versions[mask] if mask.any() else versions).min())
 
 
 @dataclass

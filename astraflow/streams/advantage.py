@@ -30,6 +30,7 @@ signal under any of these: DAPO's dynamic sampling drops it (``is_zero_variance`
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -46,13 +47,20 @@ def _checked(rewards: np.ndarray) -> np.ndarray:
     return values
 
 
+def mean_std(values: list[float], ddof: int = 0) -> tuple[float, float]:
+    """Mean and standard deviation of a group's few values, in plain Python: numpy's per-call
+    overhead is most of its cost at group sizes (this runs for every group the stream sees)."""
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - ddof))
+
+
 def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """GRPO advantages [G] float32 of one group's rewards [G]; raises ``ValueError`` on non-finite rewards."""
     values = _checked(rewards)
     if values.size == 1:
         return np.zeros(1, dtype=np.float32)
-    centred = values - values.mean()
-    return (centred / (values.std(ddof=1) + eps)).astype(np.float32)
+    mean, std = mean_std(values.tolist(), ddof=1)
+    return ((values - mean) / (std + eps)).astype(np.float32)
 
 
 def dr_grpo_advantages(rewards: np.ndarray) -> np.ndarray:
@@ -71,8 +79,10 @@ def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
 
 def is_zero_variance(rewards: np.ndarray, atol: float = 1e-9) -> bool:
     """True when every reward of the group is equal (within ``atol``): no learning signal."""
-    values = np.asarray(rewards, dtype=np.float64)
-    return bool(values.size == 0 or np.ptp(values) <= atol)
+    values = np.asarray(rewards, dtype=np.float64).tolist()
+    if any(v != v for v in values):  # NaN: max and min would skip it
+        return False
+    return not values or max(values) - min(values) <= atol
 
 
 @register

@@ -28,6 +28,7 @@ from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.log import Message
 from astraflow.schemas.records import PromptStats, TrainSample, Trajectory
+from astraflow.streams.advantage import mean_std
 from astraflow.streams.operators import Group, GroupBuffer, validate
 from astraflow.streams.pipeline import build_pipeline
 
@@ -95,7 +96,8 @@ class GroupProcessor:
             reason = f"incomplete: {len(group.failed)} member(s) dead-lettered ({', '.join(group.failed[:3])})"
         else:
             reason = self.pipeline.process(group, version)
-        rewards = group.raw_rewards
+        rewards = [t.reward for t in group.trajectories]
+        mean, std = mean_std(rewards)
         first = group.trajectories[0]
         stats = PromptStats(
             prompt_id=first.prompt_id,
@@ -104,9 +106,9 @@ class GroupProcessor:
             policy=self.policy,
             version=group.min_version,
             num_samples=len(group.trajectories),
-            mean_reward=float(rewards.mean()),
-            reward_std=float(rewards.std()),
-            pass_rate=float((rewards > 0).mean()),
+            mean_reward=mean,
+            reward_std=std,
+            pass_rate=sum(r > 0 for r in rewards) / len(rewards),
             accepted=reason is None,
             drop_reason=reason or "",
             created_ms=now_ms(),
