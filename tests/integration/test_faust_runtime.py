@@ -1,4 +1,4 @@
-"""The faust stream runtime on a real Kafka broker, as ``astraflow stream`` processes.
+"""The stream runtimes on a real Kafka broker, as ``astraflow stream`` processes (mostly faust's).
 
 1. The same trajectories topic - accepted groups, zero-variance groups, a group with a NaN
    reward, one with a member of garbage bytes, a redelivered member, a never-completed group and
@@ -9,7 +9,10 @@
    offsets it committed, once while its open transaction holds samples - and restarted each time
    loses no group and emits none twice: its transactions commit outputs, table changes and input
    offsets together, and the samples of the transaction cut short are never read.
-3. Records that faust leaves out of the agent's stream (as faust-streaming can around an
+3. The native runtime on Kafka, killed with half its groups complete, has committed exactly the
+   complete ones (its commits wait for its samples' acknowledgements, never pass a half-filled
+   group), and the restarted processor emits each of the others once.
+4. Records that faust leaves out of the agent's stream (as faust-streaming can around an
    assignment) are read from the log and handled in their place: no group is lost, none is
    emitted twice, and every offset is committed. This worker runs in the test's process, so
    that its stream can leave records out.
@@ -250,6 +253,31 @@ def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Cal
     assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
     assert aborted > 0 and emitted_before_kill < len(samples)  # the kill cut a transaction holding samples
     assert uncommitted(run) == aborted  # ... whose samples were written again, in a transaction that committed
+
+
+def test_a_killed_native_processor_resumes_from_its_commits_on_kafka(make_run: Callable[[str], Run]) -> None:
+    """The native runtime on Kafka commits a poll once its samples are acknowledged (``Producer.mark``),
+    never past a half-filled group: killed with half its groups complete, it has committed exactly
+    the complete ones, and the restarted processor emits each of the others once."""
+    run = make_run("native")
+    groups = 400
+    run.produce([member(g, i) for g in range(groups // 2) for i in range(GROUP)])  # complete groups first
+    complete = run.log.end_offsets(run.topics.trajectories("main"))  # per partition: where the half-filled ones start
+    run.produce([member(g, i) for g in range(groups // 2, groups) for i in (0, 1)])
+    processor = run.stream("--runtime", "native")
+    wait_for(lambda: run.committed() == complete, 90, "the processor to commit every complete group and no more", processor)
+    processor.kill()
+    processor.wait()
+    assert sorted(s.group_id for s in run.read(run.topics.feedback(), PromptStats)) == sorted(f"g{g}" for g in range(groups // 2))
+
+    run.produce([member(g, i) for g in range(groups // 2, groups) for i in (2, 3)])
+    processor = run.stream("--runtime", "native")
+    ends = run.log.end_offsets(run.topics.trajectories("main"))
+    wait_for(lambda: run.committed() == ends, 90, "the restarted processor to commit everything", processor)
+    stop(processor)
+    assert sorted(s.group_id for s in run.read(run.topics.feedback(), PromptStats)) == sorted(f"g{g}" for g in range(groups))
+    emitted = Counter(s.sample_id for s in run.read(run.topics.samples("main"), TrainSample))
+    assert max(emitted.values()) == 1 and set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
 
 
 class LeavingOut:
