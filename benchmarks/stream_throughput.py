@@ -5,9 +5,9 @@ with mixed rewards, so the default pipeline accepts every group) from its own co
 topic (2 partitions), written before it starts, on a local KRaft broker:
 
 - ``raw``: confluent-kafka consume -> produce of the same bytes to a one-partition topic, polls
-  of up to 512, committing as the native loop does (after the next poll once the copies are
-  acknowledged, or after a flush when idle or a second late): the native loop without decoding,
-  operators and encoding, the ceiling of this broker and client on this machine.
+  of up to 512, committing as the native loop does (each poll once its copies are acknowledged,
+  as ``Producer.mark`` tells native; after a flush when idle or a second late): the native loop
+  without decoding, operators and encoding, the ceiling of this broker and client on this machine.
 - ``native``: ``astraflow stream --runtime native``: decode and validate, group, staleness ->
   GRPO -> zero_variance, TrainSamples and PromptStats encoded and sent, flush, commit.
 - ``faust``: ``astraflow stream --runtime faust``: the same operators as a faust agent; each
@@ -90,23 +90,46 @@ def raw_loop(bootstrap: str, source: str, target: str, records: int, done: "mp.s
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{source}.raw", **CONSUMER})
     producer = Producer({"bootstrap.servers": bootstrap, **CLIENT})
     consumer.subscribe([source])
-    copied, pending, pending_since = 0, {}, 0.0
+    # one target partition, so delivery reports come in send order: a count is a mark
+    acked = [0]
+    pending: list[tuple[int, dict[int, int], float]] = []  # per poll not committed: copies sent so far, offsets, when read
+
+    def on_delivery(err: object, message: object) -> None:
+        if err is not None:
+            raise RuntimeError(f"raw copy not delivered: {err}")
+        acked[0] += 1
+
+    def commit(settled: int) -> None:
+        offsets: dict[int, int] = {}
+        for _, polled, _ in pending[:settled]:
+            offsets.update(polled)
+        consumer.commit(offsets=[TopicPartition(source, p, offset) for p, offset in offsets.items()], asynchronous=False)
+        del pending[:settled]
+
+    copied = 0
     while copied < records:
         first = consumer.poll(0.5)  # then what has arrived, up to 512: as the Log API polls
         batch = [first] + consumer.consume(511, timeout=0) if first is not None else []
-        producer.poll(0)
-        # commit as the native loop does: once what was sent is acknowledged, without waiting for it
-        # unless the input is idle or the offsets have waited a second
-        if pending and (not batch or len(producer) == 0 or time.monotonic() - pending_since > 1.0):
+        # commit as the native loop does: each poll once its copies are acknowledged, without waiting
+        # for them unless the input is idle or the oldest offsets have waited a second
+        if pending and (not batch or time.monotonic() - pending[0][2] > 1.0):
             producer.flush(30)
-            consumer.commit(offsets=[TopicPartition(source, p, offset) for p, offset in pending.items()], asynchronous=False)
-            pending = {}
+            commit(len(pending))
+        elif pending:
+            producer.poll(0)  # serve the delivery reports that have arrived
+            settled = sum(1 for mark, _, _ in pending if mark <= acked[0])
+            if settled:
+                commit(settled)
+        if not batch:
+            continue
+        read_at, polled = time.monotonic(), {}
         for message in batch:
             if message.error() is None:
-                producer.produce(target, message.value(), message.key())
+                producer.produce(target, message.value(), message.key(), on_delivery=on_delivery)
                 copied += 1
-                pending_since = pending_since if pending else time.monotonic()
-                pending[message.partition()] = message.offset() + 1
+                polled[message.partition()] = message.offset() + 1
+        producer.poll(0)
+        pending.append((copied, polled, read_at))
     producer.flush(30)
     consumer.close()
     done.wait(120)  # until the CPU time was read: a process that exited may be reaped, and its /proc entry gone
@@ -116,7 +139,7 @@ def stamp_on_append(bootstrap: str, topic: str) -> None:
     """Make the broker stamp each record of ``topic`` when it appends it (``LogAppendTime``).
 
     A producer's own timestamps (``CreateTime``) tell when it handed a record to its client, which
-    buffers up to a gigabyte: a raw loop copying prefetched records would be timed at memory speed.
+    buffers up to a gigabyte, not when the record was written.
     """
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
