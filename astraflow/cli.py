@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from astraflow.infra.cli import broker_app
+from astraflow.broker.cli import broker_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="AstraFlow: RL for agentic LLMs on a durable Avro log.")
 app.add_typer(broker_app, name="broker")
@@ -24,7 +24,7 @@ PolicyOpt = Annotated[Optional[str], typer.Option("--policy", help="Which of the
 
 
 def _component(name: str, config: Path, run_dir: Optional[Path], backend: Optional[str], bootstrap: Optional[str]):
-    from astraflow.infra.process import default_run_dir, resolve_config
+    from astraflow.launch.process import default_run_dir, resolve_config
 
     cfg = resolve_config(config, backend, bootstrap)
     return cfg, run_dir or default_run_dir(cfg)
@@ -42,8 +42,8 @@ def _one_policy(cfg, policy: Optional[str]):
 @app.command()
 def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = None) -> None:
     """Build the tiny model, supervise it to the warm-up accuracy, and cache that base checkpoint (of every policy, or ``--policy``)."""
-    from astraflow.consumers.base_checkpoint import ensure_base_checkpoint
-    from astraflow.infra.process import setup_logging
+    from astraflow.basemodel.cache import ensure_base_checkpoint
+    from astraflow.launch.process import setup_logging
 
     cfg, directory = _component("warmup", config, run_dir, None, None)
     setup_logging("warmup", directory)
@@ -54,7 +54,7 @@ def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = Non
 @app.command()
 def feed(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Task feeder: dataset → tasks topic, within the staleness budget."""
-    from astraflow.infra.process import run_component
+    from astraflow.launch.process import run_component
     from astraflow.producers.feeder import TaskFeeder
     from astraflow.tasks.datasets import load_task_split
 
@@ -75,7 +75,7 @@ def rollout(
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads of this producer (overrides rollout.threads).")] = None,
 ) -> None:
     """Rollout producer: joins the pool at any time (after catching up on weights), leaves cleanly on SIGTERM."""
-    from astraflow.infra.process import default_run_dir, resolve_config, run_component
+    from astraflow.launch.process import default_run_dir, resolve_config, run_component
     from astraflow.producers.rollout import RolloutProducer
 
     overrides = {key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value}
@@ -87,8 +87,8 @@ def rollout(
 @app.command()
 def scale(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
     """Scaler: trainer wait fraction → desired rollout producers, written to the metrics topic."""
-    from astraflow.infra.process import run_component
-    from astraflow.infra.scaler_component import ScalerComponent
+    from astraflow.launch.process import run_component
+    from astraflow.scaler.component import ScalerComponent
 
     cfg, directory = _component("scale", config, run_dir, backend, bootstrap)
     run_component("scale", cfg, directory, lambda ctx, stop: ScalerComponent(ctx, cfg.policy).run(stop))
@@ -104,7 +104,7 @@ def stream(
     policy: PolicyOpt = None,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
-    from astraflow.infra.process import default_run_dir, resolve_config, run_component
+    from astraflow.launch.process import default_run_dir, resolve_config, run_component
 
     cfg = resolve_config(config, backend, bootstrap, {"stream.runtime": runtime} if runtime else None)
     directory = run_dir or default_run_dir(cfg)
@@ -120,7 +120,7 @@ def stream(
 def train(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None, policy: PolicyOpt = None) -> None:
     """Trainer: train samples → optimizer steps → weight versions; checkpoints and resumes."""
     from astraflow.consumers.trainer import Trainer
-    from astraflow.infra.process import run_component
+    from astraflow.launch.process import run_component
 
     cfg, directory = _component("train", config, run_dir, backend, bootstrap)
     cfg = _one_policy(cfg, policy)
@@ -137,7 +137,7 @@ def evaluate(
     system: Annotated[bool, typer.Option("--system", help="Evaluate the policies together (the workflow's system accuracy) instead of one policy.")] = False,
 ) -> None:
     """Evaluator: held-out greedy exact match of each new weight version → metrics topic."""
-    from astraflow.infra.process import run_component
+    from astraflow.launch.process import run_component
 
     cfg, directory = _component("evaluate", config, run_dir, backend, bootstrap)
     if system:
@@ -161,8 +161,8 @@ def run(
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
-    from astraflow.infra.launcher import launch
-    from astraflow.infra.process import default_run_dir, resolve_config
+    from astraflow.launch.launcher import launch
+    from astraflow.launch.process import default_run_dir, resolve_config
 
     overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
     cfg = resolve_config(config, backend, bootstrap, overrides)
@@ -188,8 +188,8 @@ def replay(
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     """Train a fresh base model of CONFIG from the trajectories a SOURCE run logged (finished or live; the source is only read)."""
-    from astraflow.infra.process import default_run_dir, resolve_config
-    from astraflow.infra.replay import open_source, parse_time_ms, replay as replay_run
+    from astraflow.launch.process import default_run_dir, resolve_config
+    from astraflow.launch.replay import open_source, parse_time_ms, replay as replay_run
 
     cfg = resolve_config(config, backend, bootstrap, {"stop.max_minutes": max_minutes} if max_minutes else None)
     span = {"from_offset": from_offset, "since_ms": parse_time_ms(since, "--since") if since else None,
@@ -218,8 +218,8 @@ def tail(
     where: Annotated[Optional[list[str]], typer.Option(help="FIELD OP NUMBER, e.g. 'reward>0' (repeatable: all must hold).")] = None,
 ) -> None:
     """Print the records of any topic as JSON lines (Avro decoded), optionally filtered."""
-    from astraflow.consumers.record_filter import RecordFilter
-    from astraflow.consumers.tail import tail_topic
+    from astraflow.analysis.record_filter import RecordFilter
+    from astraflow.analysis.tail import tail_topic
     from astraflow.errors import ConfigError
     from astraflow.log import open_log
 
@@ -244,8 +244,8 @@ def audit(
     """Account for every trajectory: trained (version), filtered, dead-lettered or pending; exit 1 if any is lost or trained twice."""
     import json
 
-    from astraflow.consumers.attach import attach
-    from astraflow.consumers.audit import audit_run, format_report
+    from astraflow.attach import attach
+    from astraflow.analysis.audit import audit_run, format_report
 
     with attach(target, run_dir, bootstrap) as run:
         report = audit_run(run)
@@ -268,8 +268,8 @@ def stats(
     """Throughput, group lag, staleness, reward by version and drop reasons of a run (live or finished)."""
     import json
 
-    from astraflow.consumers.attach import attach
-    from astraflow.consumers.stats import collect_stats
+    from astraflow.attach import attach
+    from astraflow.analysis.stats import collect_stats
 
     with attach(target, run_dir, bootstrap) as attached:
         snapshot = collect_stats(attached, window_s=window)
@@ -278,7 +278,7 @@ def stats(
         return
     from rich.console import Console
 
-    from astraflow.consumers.stats_view import render_stats
+    from astraflow.analysis.stats_view import render_stats
 
     Console().print(render_stats(snapshot))
 
@@ -291,8 +291,8 @@ def report(
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default RUN_DIR/report).")] = None,
 ) -> None:
     """PNG plots and a self-contained report.html of a run (live or finished)."""
-    from astraflow.consumers.report_data import gather
-    from astraflow.consumers.report_page import write_report_files
+    from astraflow.analysis.report_data import gather
+    from astraflow.analysis.report_page import write_report_files
 
     data, directory = gather(target, run_dir, bootstrap)
     for path in write_report_files(data, out or directory / "report"):
@@ -308,7 +308,7 @@ def export(
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """Write a topic's records (Avro decoded) as jsonl or parquet, for pandas or HF datasets."""
-    from astraflow.consumers.export import export_topic
+    from astraflow.analysis.export import export_topic
     from astraflow.errors import ConfigError
     from astraflow.log import open_log
 
@@ -333,8 +333,8 @@ def runs_ls(root: RunsRootOpt = Path("runs"), bootstrap: BootstrapOpt = None) ->
     """Every run: directories under --root, and with --bootstrap the run namespaces on that cluster."""
     from rich.console import Console
 
-    from astraflow.consumers.runs import list_runs
-    from astraflow.consumers.runs_view import render_runs
+    from astraflow.analysis.runs import list_runs
+    from astraflow.analysis.runs_view import render_runs
 
     Console().print(render_runs(list_runs(root, bootstrap)))
 
@@ -348,8 +348,8 @@ def runs_show(
     """A run's status, topics (partitions, retention, records), consumer-group lag and summary."""
     from rich.console import Console
 
-    from astraflow.consumers.runs import resolve_run, show_run
-    from astraflow.consumers.runs_view import render_run
+    from astraflow.analysis.runs import resolve_run, show_run
+    from astraflow.analysis.runs_view import render_run
 
     Console().print(render_run(show_run(resolve_run(run_name, root, bootstrap))))
 
@@ -363,7 +363,7 @@ def runs_rm(
     force: Annotated[bool, typer.Option(help="Delete even a live run.")] = False,
 ) -> None:
     """Delete a run's topics and its run directory."""
-    from astraflow.consumers.runs import remove_run, resolve_run
+    from astraflow.analysis.runs import remove_run, resolve_run
 
     ref = resolve_run(run_name, root, bootstrap)
     where = f"directory {ref.run_dir} and " if ref.run_dir else ""

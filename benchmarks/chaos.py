@@ -2,7 +2,7 @@
 
 Both runs use the Kafka backend on a local KRaft broker started here (``LocalKafkaBroker``) and the
 same config (``examples/math/config.yaml``, same task seed), stopped at ``--versions`` versions
-(or ``--minutes``, a safety cap). During the *fault* run ``FaultInjector`` (``astraflow/infra/faults.py``)
+(or ``--minutes``, a safety cap). During the *fault* run ``FaultInjector`` (``astraflow/chaos/faults.py``)
 SIGKILLs ``--kills-per-kind`` of each component kind (trainer, stream processor, rollout producer,
 feeder, evaluator) in a shuffled order, a random 1-2 versions apart, and stops and restarts the
 broker ``--broker-restarts`` times in between. Afterwards ``astraflow audit`` reconciles every
@@ -49,7 +49,7 @@ def write_config(path: Path, **sections: object) -> Path:
 
 def one_run(name: str, work: Path, bootstrap: str, args: argparse.Namespace, plan: list[str], broker=None) -> dict:
     """``astraflow run`` of the math example on Kafka with ``plan`` injected, then ``astraflow audit``."""
-    from astraflow.infra.faults import FaultInjector
+    from astraflow.chaos.faults import FaultInjector
 
     run_dir = work / name
     run_dir.mkdir(parents=True)
@@ -141,7 +141,7 @@ def training_span(run: dict) -> float:
 
 def summarize(clean: dict, faulty: dict) -> dict:
     """The headline numbers of the two runs, and the runs themselves."""
-    from astraflow.infra.faults import KINDS
+    from astraflow.chaos.faults import KINDS
 
     kills = [f for f in faulty["faults"] if f["kind"] != "broker"]
     return {
@@ -170,8 +170,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = parser.parse_args()
 
-    from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
-    from astraflow.infra.faults import schedule
+    from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
+    from astraflow.chaos.faults import schedule
 
     plan = schedule(args.kills_per_kind, args.broker_restarts, args.seed)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:

@@ -15,7 +15,7 @@ Part 2, **cross-region**: the same run on the Kafka backend (a local KRaft broke
 started one by one: trainer, stream processor, feeder and evaluator on the host, ``--producers``
 rollout producers either on the host or in a ``RemoteRegion`` (a network namespace behind a
 ``tc tbf`` cap of ``--rate-mbit`` and the delay proxy adding ``--delay-ms`` each way;
-``astraflow/infra/netns.py``). Per placement: trajectories/s, versions, final accuracy, and the
+``astraflow/chaos/netns.py``). Per placement: trajectories/s, versions, final accuracy, and the
 link itself (produce round trip and bulk MB/s of a plain Kafka client in the region and on the
 host). Needs root for the namespaces; skipped with the reason otherwise.
 
@@ -179,8 +179,8 @@ def run_on_kafka(name: str, work: Path, bootstrap: str, minutes: float, producer
 
 
 def cross_region(work: Path, minutes: float, producers: int, rate_mbit: float, delay_ms: float, quick: bool) -> dict:
-    from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
-    from astraflow.infra.netns import RemoteRegion
+    from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
+    from astraflow.chaos.netns import RemoteRegion
     from astraflow.log import TopicSpec, open_log
 
     reason = RemoteRegion.available()

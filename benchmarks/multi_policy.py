@@ -80,10 +80,10 @@ LABELS = {"async": "(a) async", "lockstep": "(b) lockstep", "trainer_centred": "
 
 def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: int):
     """The loop over ``replicas`` engine sets; simulated trainers spread over ``devices`` GPUs."""
-    from astraflow.consumers.backends import build_backend
+    from astraflow.training.backends import build_backend
     from astraflow.models.base import base_checkpoint_path
     from astraflow.models.loading import load_policy
-    from astraflow.producers.engines import build_engine
+    from astraflow.engines import build_engine
     from astraflow.tasks.datasets import load_task_split
     from trainer_centred import TrainerCentredLoop, step_config
 
@@ -126,8 +126,8 @@ def real_child(spec: dict) -> dict:
     import torch
 
     from astraflow.config import load_config
-    from astraflow.models.evaluation import evaluate_exact_match
-    from astraflow.models.system_evaluation import evaluate_system
+    from astraflow.evaluation.heldout import evaluate_exact_match
+    from astraflow.evaluation.judged import evaluate_system
     from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
     from astraflow.tasks.datasets import load_policy_split, load_task_split
 

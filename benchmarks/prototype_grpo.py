@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer
-from astraflow.consumers.warmup import supervised_warmup
-from astraflow.models.evaluation import evaluate_exact_match
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
+from astraflow.basemodel.sft import supervised_warmup
+from astraflow.evaluation.heldout import evaluate_exact_match
 from astraflow.models.loading import load_policy, save_policy
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.engine import TorchEngine
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.streams.advantage import grpo_advantages, is_zero_variance
 from astraflow.tasks.arithmetic import addition_problems, exact_match_reward
 

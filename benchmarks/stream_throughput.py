@@ -317,7 +317,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="astraflow-stream-bench-") as tmp:
         broker = None
         if not args.bootstrap:
-            from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
+            from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
 
             broker = LocalKafkaBroker(Path(tmp) / "kafka", free_port(), jar_cache=default_home())
             broker.start(timeout=120)
@@ -342,7 +342,7 @@ def main() -> None:
     report = {
         "benchmark": "stream_throughput",
         "inputs": {**vars(args), "out": str(args.out), "partitions": PARTITIONS, "raw_producer": CLIENT,
-                   "broker": "given" if args.bootstrap else "local KRaft (astraflow.infra.broker)"},
+                   "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)"},
         "machine": machine, "targets": TARGETS, "medians": medians, "ratios": ratios,
         "targets_met": met, "rounds": rounds, "warmup_rounds": warmups, "wall_s": round(time.monotonic() - started, 1),
     }

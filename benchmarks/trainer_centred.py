@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from astraflow.config import RunConfig
-from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from astraflow.producers.workflows import Provenance, build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.streams.operators import Group

@@ -152,9 +152,9 @@ def bound_child(spec: dict) -> dict:
     import numpy as np
     import torch
 
-    from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer
+    from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
     from astraflow.models.loading import load_policy
-    from astraflow.producers.engine import TorchEngine
+    from astraflow.engines.torch_engine import TorchEngine
     from astraflow.tasks.arithmetic import read_jsonl
 
     torch.set_num_threads(spec["threads"])
@@ -191,7 +191,7 @@ def trl_child(spec: dict) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from astraflow.models.evaluation import evaluate_exact_match
+    from astraflow.evaluation.heldout import evaluate_exact_match
     from astraflow.models.loading import load_policy
     from astraflow.tasks.arithmetic import exact_match_reward, read_jsonl
 
@@ -483,7 +483,7 @@ def main() -> None:
               "lr": t.lr, "prompts": config.rollout.prompts_per_generation, "group": config.rollout.group_size,
               "temperature": config.rollout.temperature, "max_new_tokens": config.rollout.max_new_tokens,
               "threads": args.threads, "seed": args.seed}
-    from astraflow.consumers.policy_step import PolicyStepConfig
+    from astraflow.training.step import PolicyStepConfig
 
     trl_spec = {**shared, "max_seconds": args.max_seconds, "stop_at": args.stop_at, "eval_every": args.trl_eval_every,
                 "betas": list(PolicyStepConfig.betas), "weight_decay": t.weight_decay,

@@ -56,7 +56,7 @@ def unavailable(reason: str, cause: BaseException | None = None) -> NoReturn:
 
 @contextlib.contextmanager
 def _local_broker(tmp_dir: Path) -> Iterator[str]:
-    from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
+    from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
 
     broker = LocalKafkaBroker(tmp_dir / "broker", port=free_port(), jar_cache=default_home())
     broker.start(timeout=120)

@@ -44,19 +44,19 @@ class Evaluator:
 
     def _scorer(self):
         """What one evaluation computes: ``score()`` → held-out accuracy (or success rate) of ``self.model``."""
-        from astraflow.envs.catalog import is_multi_turn
+        from astraflow.tasks.catalog import is_multi_turn
 
         config = self.ctx.config
         r = config.rollout
         if is_multi_turn(r.workflow):
-            from astraflow.envs.catalog import open_environments
+            from astraflow.tasks.catalog import open_environments
             from astraflow.envs.episodes import AgentLimits
-            from astraflow.models.evaluation import evaluate_episodes
+            from astraflow.evaluation.heldout import evaluate_episodes
 
             make_env = open_environments(r.workflow, r.reward, config.agent, self.ctx.run_dir / "data")
             limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
             return lambda: evaluate_episodes(self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow)
-        from astraflow.models.evaluation import evaluate_exact_match
+        from astraflow.evaluation.heldout import evaluate_exact_match
         from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
 
         reward = judge_reward if config.role == "judge" else exact_match_reward

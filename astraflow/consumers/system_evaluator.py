@@ -2,7 +2,7 @@
 
 It follows the weights topics of the run's ``role: answer`` and ``role: judge`` policies (no
 group, like the per-policy evaluator) and scores each new version pair with
-``astraflow.models.system_evaluation`` on the held-out split: ``eval.system.alone``,
+``astraflow.evaluation.judged`` on the held-out split: ``eval.system.alone``,
 ``eval.system.judged``, ``eval.system.pass_at_k`` and ``eval.system.judge_accuracy``, labelled
 with ``versions`` (``name=version,name=version``). The base pair is scored first. A pair is
 scored again once either policy moved ``eval.every_versions`` past the last scored pair; versions
@@ -45,7 +45,7 @@ class SystemEvaluator:
         self.scored: dict[str, int] | None = None
 
     def evaluate(self) -> None:
-        from astraflow.models.system_evaluation import evaluate_system
+        from astraflow.evaluation.judged import evaluate_system
 
         a, j = self.answer, self.judge
         result = evaluate_system(

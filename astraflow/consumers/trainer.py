@@ -28,7 +28,7 @@ from collections import OrderedDict
 from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Message, TopicPartition
-from astraflow.consumers.checkpoint import RECALL_WINDOW
+from astraflow.training.checkpoint import RECALL_WINDOW
 from astraflow.schemas.records import TrainSample
 from astraflow.weights.publish import WeightPublisher
 
@@ -80,9 +80,9 @@ class Trainer:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         import torch
 
-        from astraflow.consumers.backends import build_backend
-        from astraflow.consumers.checkpoint import CheckpointStore
-        from astraflow.consumers.policy_step import PolicyStepConfig
+        from astraflow.training.backends import build_backend
+        from astraflow.training.checkpoint import CheckpointStore
+        from astraflow.training.step import PolicyStepConfig
         from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
 
@@ -186,8 +186,8 @@ class Trainer:
                 reader.close()
 
     def _step(self, batch: list[TrainSample], last: Message, waited: float) -> None:
-        from astraflow.consumers.checkpoint import TrainerState
-        from astraflow.consumers.policy_step import PolicyExample
+        from astraflow.training.checkpoint import TrainerState
+        from astraflow.training.step import PolicyExample
 
         ctx = self.ctx
         learner = self.learner

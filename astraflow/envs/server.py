@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from astraflow.envs.base import EpisodeEnv
 from astraflow.errors import AstraFlowError
-from astraflow.envs.rooms import RoomsEnv, layout_from_reference
+from astraflow.tasks.rooms.env import RoomsEnv, layout_from_reference
 
 logger = logging.getLogger(__name__)
 ServedFactory = Callable[[dict], EpisodeEnv]

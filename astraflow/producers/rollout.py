@@ -62,7 +62,7 @@ class RolloutProducer:
         import torch
 
         from astraflow.models.base import base_checkpoint_path
-        from astraflow.producers.engines import build_engine
+        from astraflow.engines import build_engine
         from astraflow.tasks.datasets import load_task_split
 
         cfg = ctx.config

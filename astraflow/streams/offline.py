@@ -67,7 +67,7 @@ class OfflineSource:
         self._source_log: Log | None = None
         log = ctx.log
         if mixer.source is not None:
-            from astraflow.infra.replay import open_source
+            from astraflow.launch.replay import open_source
 
             source = open_source(Path(mixer.source))
             self._source_log = log = source.log

@@ -12,7 +12,7 @@ through the configured operators (``pipeline.build_pipeline``). Three kinds, by 
 - an ``Ordering`` orders the groups that are ready to be emitted together.
 
 Operators hold no I/O. Each class is registered under its YAML name (``@register``) and built
-from its spec's fields (``astraflow.streams.specs``).
+from its spec's fields (``astraflow.config.pipeline``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from astraflow.config import StreamConfig
 from astraflow.streams import advantage, filters, mixing, ordering
 from astraflow.streams.operators import OPERATORS, Group, GroupOperator, Mixer, Ordering, run_pipeline
 from astraflow.streams.mixing import OfflineMixer
-from astraflow.streams.specs import StalenessSpec
+from astraflow.config.pipeline import StalenessSpec
 
 OPERATOR_MODULES = (filters, advantage, mixing, ordering)
 """Importing these modules fills ``OPERATORS``: each class there is ``@register``-ed under its YAML name."""

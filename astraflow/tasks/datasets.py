@@ -61,15 +61,15 @@ def generate_split(task: TaskConfig, data_dir: Path) -> tuple[list[Problem], lis
     """(train, held-out) rows of ``task.kind``, a pure function of its seed; ``search_facts`` also
     writes the corpus it is answered from (``data_dir/corpus.jsonl``)."""
     if task.kind == "search_facts":
-        from astraflow.tasks.facts import fact_problems
+        from astraflow.tasks.search.facts import fact_problems
 
         return fact_problems(task.seed, task.heldout_size, data_dir)
     if task.kind == "code_io":
-        from astraflow.tasks.programs import program_problems
+        from astraflow.tasks.code.programs import program_problems
 
         return program_problems(task.seed, task.heldout_size)
     if task.kind == "rooms":
-        from astraflow.tasks.rooms import room_problems
+        from astraflow.tasks.rooms.data import room_problems
 
         return room_problems(task.seed, task.heldout_size)
     return addition_problems(seed=task.seed, heldout_size=task.heldout_size)
@@ -79,7 +79,7 @@ def task_data_version(kind: str) -> int:
     """The version of ``kind``'s generated problems (1 until its generator first changed); it is part
     of the base-checkpoint cache key, so a changed generator never reuses a base warmed up on the old data."""
     if kind == "code_io":
-        from astraflow.tasks.programs import DATA_VERSION
+        from astraflow.tasks.code.programs import DATA_VERSION
 
         return DATA_VERSION
     return 1
@@ -88,11 +88,11 @@ def task_data_version(kind: str) -> int:
 def task_demonstration(kind: str) -> Callable[[Problem], list[str]]:
     """The policy turns of a perfect episode of a ``kind`` row (multi-turn tasks: what warm-up supervises)."""
     if kind == "search_facts":
-        from astraflow.tasks.facts import demonstration
+        from astraflow.tasks.search.facts import demonstration
     elif kind == "code_io":
-        from astraflow.tasks.programs import demonstration
+        from astraflow.tasks.code.programs import demonstration
     elif kind == "rooms":
-        from astraflow.tasks.rooms import demonstration
+        from astraflow.tasks.rooms.data import demonstration
     else:
         raise ConfigError(f"task.kind: {kind!r} is answered in one turn; it has no multi-turn demonstrations")
     return demonstration
@@ -104,6 +104,6 @@ def task_alphabet(kind: str) -> str:
         from astraflow.models.tiny import DEFAULT_ALPHABET
 
         return DEFAULT_ALPHABET
-    from astraflow.tasks.facts import ALPHABET
+    from astraflow.tasks.search.facts import ALPHABET
 
     return ALPHABET

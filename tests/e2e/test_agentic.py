@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 from astraflow.config import load_config, write_config_over
-from astraflow.consumers.base_checkpoint import ensure_base_checkpoint
-from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer
-from astraflow.envs.catalog import open_environments
+from astraflow.basemodel.cache import ensure_base_checkpoint
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
+from astraflow.tasks.catalog import open_environments
 from astraflow.envs.episodes import AgentLimits
 from astraflow.log import TopicPartition, open_log
-from astraflow.models.evaluation import evaluate_episodes
+from astraflow.evaluation.heldout import evaluate_episodes
 from astraflow.models.loading import load_policy
-from astraflow.producers.engine import TorchEngine
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.producers.workflows import Provenance, build_run_workflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.infra.netns import RemoteRegion
+from astraflow.chaos.netns import RemoteRegion
 from astraflow.errors import LogError
 from astraflow.log import Log, open_log
 from astraflow.schemas.records import Trajectory

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.infra.faults import FaultError, FaultInjector
+from astraflow.chaos.faults import FaultError, FaultInjector
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]

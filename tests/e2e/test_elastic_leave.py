@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.consumers.attach import attach
-from astraflow.consumers.stats import collect_stats
+from astraflow.attach import attach
+from astraflow.analysis.stats import collect_stats
 from astraflow.log import open_log
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower

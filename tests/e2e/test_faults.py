@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.infra.faults import KINDS, FaultError, FaultInjector, schedule
-from astraflow.infra.monitor import gain_over_base
+from astraflow.chaos.faults import KINDS, FaultError, FaultInjector, schedule
+from astraflow.launch.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -88,7 +88,7 @@ def test_embedded_run_survives_kills(run_dir: Path) -> None:
 
 
 def test_kafka_run_survives_kills_and_a_broker_restart(run_dir: Path, tmp_path: Path, unique: str) -> None:
-    from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
+    from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
     from tests._broker import unavailable
 
     broker = LocalKafkaBroker(tmp_path / "broker", port=free_port(), jar_cache=default_home())

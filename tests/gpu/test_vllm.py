@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from astraflow.config import parse_config
-from astraflow.consumers.policy_step import PolicyExample, collate, response_logprobs
+from astraflow.training.step import PolicyExample, collate, response_logprobs
 from astraflow.errors import MissingDependencyError
 from astraflow.models.loading import load_policy
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
-from astraflow.producers.engines import build_engine
+from astraflow.engines import build_engine
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
-from astraflow.consumers.attach import attach
-from astraflow.consumers.audit import audit_run
-from astraflow.consumers.checkpoint import TrainerState
+from astraflow.attach import attach
+from astraflow.analysis.audit import audit_run
+from astraflow.training.checkpoint import TrainerState
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory

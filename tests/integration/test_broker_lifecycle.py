@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import BrokerError
-from astraflow.infra.broker import LocalKafkaBroker, default_home, free_port
+from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
 from astraflow.log.base import TopicPartition, TopicSpec
 from astraflow.log.kafka import KafkaLog
 from tests._broker import unavailable

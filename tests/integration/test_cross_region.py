@@ -1,6 +1,6 @@
 """Cross-region: a Kafka client in a network namespace reaches the real broker over a slow link.
 
-The region (``astraflow.infra.netns.RemoteRegion``) is a namespace behind a veth pair capped by
+The region (``astraflow.chaos.netns.RemoteRegion``) is a namespace behind a veth pair capped by
 ``tc tbf`` at ``RATE_MBIT`` each way, with ``DELAY_MS`` added each way by the delay proxy in front
 of the broker. The same client runs in the region and on the host, side by side; the region's
 produce round trips must carry the added latency (two delays), its bulk send must respect the
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from astraflow.infra.netns import RemoteRegion
+from astraflow.chaos.netns import RemoteRegion
 from astraflow.log import TopicSpec, open_log
 from tests._broker import unavailable
 

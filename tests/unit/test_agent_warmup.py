@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from astraflow.config import AgentConfig, RunConfig, parse_config
-from astraflow.consumers.base_checkpoint import _cache_key
-from astraflow.consumers.warmup import demonstration_examples
+from astraflow.basemodel.cache import _cache_key
+from astraflow.basemodel.sft import demonstration_examples
 from astraflow.envs.base import EnvError
-from astraflow.envs.catalog import open_environments
+from astraflow.tasks.catalog import open_environments
 from astraflow.envs.episodes import AgentLimits, demonstrate
 from astraflow.errors import ConfigError
-from astraflow.models.evaluation import evaluate_episodes, evaluation_task
+from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.multiturn import MultiTurnWorkflow
+from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.producers.workflows import Provenance
 from astraflow.tasks.datasets import task_alphabet, task_demonstration
-from astraflow.tasks.facts import SEARCH_SHARE, fact_problems
-from astraflow.tasks.rooms import room_problems
+from astraflow.tasks.search.facts import SEARCH_SHARE, fact_problems
+from astraflow.tasks.rooms.data import room_problems
 from tests.unit.scripted_engine import ScriptedEngine
 
 TOKENIZER = build_char_tokenizer(task_alphabet("search_facts"))
@@ -111,7 +111,7 @@ def test_multi_turn_base_checkpoints_have_their_own_alphabet_and_cache_key() -> 
 
 
 def test_a_changed_task_generator_gets_a_new_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    import astraflow.tasks.programs as programs
+    import astraflow.tasks.code.programs as programs
 
     code = parse_config({"task": {"kind": "code_io"}, "rollout": {"workflow": "code", "reward": "tests_passed"}})
     before, math = _cache_key(code), _cache_key(RunConfig())

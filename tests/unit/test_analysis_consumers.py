@@ -16,13 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from astraflow.cli import app
-from astraflow.consumers.attach import attach
-from astraflow.consumers.export import export_topic
-from astraflow.consumers.report_data import gather
-from astraflow.consumers.report_page import write_report_files
-from astraflow.consumers.runs import list_runs, remove_run, resolve_run, show_run
-from astraflow.consumers.stats import collect_stats, reason_kind
-from astraflow.consumers.tail import tail_topic
+from astraflow.attach import attach
+from astraflow.analysis.export import export_topic
+from astraflow.analysis.report_data import gather
+from astraflow.analysis.report_page import write_report_files
+from astraflow.analysis.runs import list_runs, remove_run, resolve_run, show_run
+from astraflow.analysis.stats import collect_stats, reason_kind
+from astraflow.analysis.tail import tail_topic
 from astraflow.errors import ConfigError, MissingDependencyError
 from astraflow.log import TopicPartition
 from astraflow.schemas.codec import Codec

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.infra.faults import schedule
-from astraflow.infra.launcher import MAX_RESTARTS, RESTART_WINDOW_S, Child, CrashLoopError
+from astraflow.chaos.faults import schedule
+from astraflow.launch.launcher import MAX_RESTARTS, RESTART_WINDOW_S, Child, CrashLoopError
 
 
 class Clock:

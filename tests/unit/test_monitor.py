@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from astraflow.config import load_config
-from astraflow.infra.monitor import RunMonitor
+from astraflow.launch.monitor import RunMonitor
 from astraflow.log import open_log
 from astraflow.topics import RunTopics
 

@@ -11,9 +11,9 @@ import pytest
 
 from astraflow.config import dump_config, load_config, parse_config
 from astraflow.errors import ConfigError
-from astraflow.infra.launcher import plan
-from astraflow.models.system_evaluation import pick
-from astraflow.producers.collab_workflows import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
+from astraflow.launch.launcher import plan
+from astraflow.evaluation.judged import pick
+from astraflow.producers.workflows.collab import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
 from astraflow.producers.feeder import PolicyBudget, policy_budgets
 from astraflow.producers.workflows import Provenance, build_run_workflow
 from astraflow.schemas.records import RolloutTask

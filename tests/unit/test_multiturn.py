@@ -11,14 +11,14 @@ import pytest
 from astraflow.config import AgentConfig
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
 from astraflow.envs.episodes import AgentLimits
-from astraflow.envs.rooms import RoomsLayout
+from astraflow.tasks.rooms.env import RoomsLayout
 from astraflow.envs.server import EnvServer, rooms_factory
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import build_char_tokenizer
-from astraflow.producers.multiturn import MultiTurnWorkflow
+from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.producers.workflows import Provenance, build_workflow
 from astraflow.schemas.records import RolloutTask
-from astraflow.tasks.facts import ALPHABET, fact_problems
+from astraflow.tasks.search.facts import ALPHABET, fact_problems
 from tests.unit.scripted_engine import ScriptedEngine
 
 PROVENANCE = Provenance("rollout-test", "eu", "cpu")

@@ -17,20 +17,20 @@ import pytest
 import torch
 
 from astraflow.config import StreamConfig
-from astraflow.consumers.loss import ppo_clip_loss
-from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig, PolicyTrainer, collate, response_logprobs
+from astraflow.training.loss import ppo_clip_loss
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, collate, response_logprobs
 from astraflow.envs.base import EpisodeEnv, StepResult
 from astraflow.envs.episodes import AgentLimits
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.engine import TorchEngine
-from astraflow.producers.multiturn import MultiTurnWorkflow
-from astraflow.producers.token_engine import TorchTokenEngine, TurnSample
+from astraflow.engines.torch_engine import TorchEngine
+from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
+from astraflow.engines.token_engine import TorchTokenEngine, TurnSample
 from astraflow.producers.workflows import Provenance
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.streams.operators import Group, validate
 from astraflow.streams.pipeline import build_pipeline
-from astraflow.tasks.facts import ALPHABET
+from astraflow.tasks.search.facts import ALPHABET
 
 PROVENANCE = Provenance("rollout-test", "eu", "cpu")
 LIMITS = AgentLimits(max_turns=4, max_new_tokens=8, max_total_tokens=96, max_observation_tokens=16)

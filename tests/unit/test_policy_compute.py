@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.consumers.policy_step import (
+from astraflow.training.step import (
     PolicyExample,
     PolicyStepConfig,
     PolicyTrainer,
@@ -17,12 +17,12 @@ from astraflow.consumers.policy_step import (
     lr_factor,
     response_logprobs,
 )
-from astraflow.consumers.warmup import supervised_warmup
+from astraflow.basemodel.sft import supervised_warmup
 from astraflow.errors import ConfigError
-from astraflow.models.evaluation import evaluate_exact_match
+from astraflow.evaluation.heldout import evaluate_exact_match
 from astraflow.models.loading import load_policy, save_policy
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.engine import TorchEngine
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.tasks.arithmetic import addition_problems
 
 SMALL = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)

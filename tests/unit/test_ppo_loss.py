@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from astraflow.consumers.loss import ppo_clip_loss
+from astraflow.training.loss import ppo_clip_loss
 
 
 def _one_token(ratio: float) -> tuple[torch.Tensor, torch.Tensor]:

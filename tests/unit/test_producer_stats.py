@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.consumers.attach import attach
-from astraflow.consumers.producer_stats import ProducerTally, producer_rows
-from astraflow.consumers.stats import collect_stats
+from astraflow.attach import attach
+from astraflow.analysis.producer_stats import ProducerTally, producer_rows
+from astraflow.analysis.stats import collect_stats
 from astraflow.schemas.records import Metric
 from tests.unit.recorded_run import record_run
 

@@ -12,10 +12,10 @@ import pytest
 from fastavro import schemaless_writer
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.consumers.attach import attach
-from astraflow.consumers.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
+from astraflow.attach import attach
+from astraflow.launch.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
 from astraflow.errors import ConfigError
-from astraflow.infra.replay import IDLE_S, ReplayMonitor, check_compatible, open_source, parse_time_ms, replay_config
+from astraflow.launch.replay import IDLE_S, ReplayMonitor, check_compatible, open_source, parse_time_ms, replay_config
 from astraflow.log import TopicPartition, TopicSpec, open_log
 from astraflow.schemas.codec import MAGIC
 from astraflow.schemas.store import LogSchemaStore, writer_schema

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import ScalerConfig
-from astraflow.infra.pool import ProducerPool
-from astraflow.infra.scaler import AutoScaler, Observation, ScalerWindow, capped, decide
+from astraflow.launch.pool import ProducerPool
+from astraflow.scaler.rule import AutoScaler, Observation, ScalerWindow, capped, decide
 from astraflow.schemas.records import Metric
 
 CFG = ScalerConfig(enabled=True, min_producers=1, max_producers=8, window_s=60, cooldown_s=30)

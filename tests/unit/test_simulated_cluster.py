@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.consumers.backends import build_backend
-from astraflow.consumers.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
-from astraflow.consumers.policy_step import PolicyExample, PolicyStepConfig
+from astraflow.training.backends import build_backend
+from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
+from astraflow.training.step import PolicyExample, PolicyStepConfig
 from astraflow.errors import ConfigError
-from astraflow.infra.launcher import plan
+from astraflow.launch.launcher import plan
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
-from astraflow.producers.engines import build_engine
-from astraflow.producers.engines.simulated import DecodeTimeModel, ResponseLengths, SimulatedEngine, arithmetic_answer
+from astraflow.engines import build_engine
+from astraflow.engines.simulated import DecodeTimeModel, ResponseLengths, SimulatedEngine, arithmetic_answer
 from astraflow.tasks.arithmetic import extract_answer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "simulated_cluster.yaml"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from astraflow.config import load_config, parse_config
-from astraflow.consumers.checkpoint import CheckpointStore, TrainerState
+from astraflow.training.checkpoint import CheckpointStore, TrainerState
 from astraflow.consumers.trainer import BatchAssembler
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError

@@ -34,7 +34,7 @@ from astraflow.streams.native import NativeStreamProcessor
 from astraflow.streams.operators import OPERATORS, Group, GroupBuffer, validate
 from astraflow.streams.ordering import EdfOrdering, FifoOrdering
 from astraflow.streams.pipeline import build_pipeline
-from astraflow.streams.specs import OperatorSpec
+from astraflow.config.pipeline import OperatorSpec
 
 
 def traj(group: str, index: int, reward: float, version: int = 0, size: int = 4, n: int = 3) -> Trajectory:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from astraflow.consumers.checkpoint import CheckpointStore, TrainerState, read_latest_state
+from astraflow.training.checkpoint import CheckpointStore, TrainerState, read_latest_state
 
 
 def test_history_and_resumes_round_trip_and_read_without_the_model(tmp_path: Path) -> None:

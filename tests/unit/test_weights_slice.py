@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from astraflow.config import WeightsConfig
-from astraflow.consumers.policy_step import collate, response_logprobs
-from astraflow.consumers.warmup import answer_examples
+from astraflow.training.step import collate, response_logprobs
+from astraflow.basemodel.sft import answer_examples
 from astraflow.log import open_log
-from astraflow.models.evaluation import evaluate_exact_match
+from astraflow.evaluation.heldout import evaluate_exact_match
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.schemas.codec import Codec
 from astraflow.tasks.arithmetic import addition_problems

@@ -7,7 +7,7 @@ import pytest
 
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.engine import TorchEngine
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.producers.workflows import Provenance, SingleTurnWorkflow, build_workflow
 from astraflow.schemas.records import RolloutTask
 

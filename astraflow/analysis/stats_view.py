@@ -1,0 +1,53 @@
+"""Terminal tables for ``astraflow stats`` (``--json`` prints ``RunStats.to_dict()`` instead)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from astraflow.analysis.stats import RunStats
+
+BAR_WIDTH = 40
+
+
+def render_stats(stats: RunStats) -> Group:
+    """Every section of the snapshot as rich tables, in the order of the module docstring of ``stats``."""
+    throughput = Table(title=f"run {stats.run}: throughput (run span {stats.span_s:.0f} s)", title_justify="left")
+    for name in ("topic", "appended", "retained", "rec/s (run)", f"rec/s (last {stats.window_s:.0f} s)"):
+        throughput.add_column(name, justify="left" if name == "topic" else "right")
+    for row in stats.throughput:
+        throughput.add_row(row.topic, str(row.appended), str(row.retained), f"{row.per_s:.2f}", f"{row.recent_per_s:.2f}")
+
+    lag = Table(title="consumer-group lag", title_justify="left")
+    for name in ("group", "topic", "committed", "lag"):
+        lag.add_column(name, justify="left" if name in ("group", "topic") else "right")
+    for row in stats.lag:
+        lag.add_row(row.group, row.topic, str(row.committed), str(row.lag))
+
+    staleness = Table(title="staleness histogram (groups judged by the stream processor)", title_justify="left")
+    for name in ("versions behind", "groups", ""):
+        staleness.add_column(name, justify="right" if name else "left")
+    peak = max(stats.staleness.values(), default=1)
+    for behind, count in stats.staleness.items():
+        staleness.add_row(str(behind), str(count), "█" * max(1, round(BAR_WIDTH * count / peak)))
+
+    rewards = Table(title="reward by policy and version (trajectory min_version)", title_justify="left")
+    for name in ("policy", "version", "trajectories", "mean reward", "pass rate"):
+        rewards.add_column(name, justify="left" if name == "policy" else "right")
+    for cell in stats.rewards:
+        rewards.add_row(cell.policy, str(cell.version), str(cell.trajectories), f"{cell.mean_reward:.3f}", f"{cell.pass_rate:.3f}")
+
+    drops = Table(title="drop reasons", title_justify="left")
+    for name in ("source", "reason", "count"):
+        drops.add_column(name, justify="right" if name == "count" else "left")
+    for reason, count in stats.drops.items():
+        drops.add_row("stream filter", reason, str(count))
+    for reason, count in stats.dead_letters.items():
+        drops.add_row("dead letter", reason, str(count))
+    producers = Table(title="rollout producers", title_justify="left")
+    for name in ("producer", "region", "hardware", "trajectories", "traj/s (run)", f"traj/s (last {stats.window_s:.0f} s)", "version lag", "mean lag"):
+        producers.add_column(name, justify="left" if name in ("producer", "region", "hardware") else "right")
+    for p in stats.producers:
+        producers.add_row(p.producer, p.region, p.hardware, str(p.trajectories), f"{p.per_s:.2f}", f"{p.recent_per_s:.2f}",
+                          f"{p.version_lag:.0f}", f"{p.mean_version_lag:.2f}")
+    return Group(throughput, lag, staleness, rewards, drops, producers)

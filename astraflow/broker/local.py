@@ -1,0 +1,336 @@
+"""A single-node Apache Kafka broker (KRaft) run from the jars on Maven Central.
+
+Why not a download of the Kafka tarball or Docker: Java 17 and Maven are all a development
+machine or CI runner needs; Maven resolves the exact broker jars once into a cache and every
+later start is offline. The broker runs as a detached JVM in its own process group, so it
+outlives the command that started it and ``astraflow broker stop`` (or ``LocalKafkaBroker.stop``)
+ends it from any process.
+
+A broker home holds::
+
+    libs-<version>/     the jars (``kafka_jars``; in ``jar_cache``, which defaults to the home)
+    data/               KRaft metadata and topic partitions, formatted once, kept across restarts
+    broker.json         cluster id and ports chosen at the first start, reused by later ones
+    server.properties   written at each start
+    broker.pid          the JVM's pid while it runs
+    broker.log          the JVM's stdout/stderr: warnings and errors only (truncated at each start)
+    logs/server.log     the full INFO log, rolled at 3 x 10 MiB
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from astraflow.errors import BrokerError
+from astraflow.broker.jars import KAFKA_VERSION, fetch_jars
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9092
+_LOG4J = "kafka-log4j2.xml"
+
+
+def default_home() -> Path:
+    """``$ASTRAFLOW_HOME`` if set, else ``~/.cache/astraflow/kafka``."""
+    env = os.environ.get("ASTRAFLOW_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "astraflow" / "kafka"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What ``LocalKafkaBroker.status`` found."""
+
+    running: bool
+    pid: int | None
+    bootstrap: str
+    home: Path
+
+
+class LocalKafkaBroker:
+    """One KRaft node (broker and controller) listening on 127.0.0.1.
+
+    ``port`` and ``controller_port`` default to those of the previous start in this home, else
+    9092 and a free port. Topics are never auto-created: producing to a missing topic fails.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        port: int | None = None,
+        controller_port: int | None = None,
+        *,
+        jar_cache: Path | None = None,
+        version: str = KAFKA_VERSION,
+        heap: str = "512m",
+    ) -> None:
+        self.home = Path(home).expanduser().resolve()
+        self.version = version
+        self.heap = heap
+        self.libs_dir = Path(jar_cache or self.home).expanduser().resolve() / f"libs-{version}"
+        saved = self._read_meta()
+        self.port = port or saved.get("port") or DEFAULT_PORT
+        self.controller_port = controller_port or saved.get("controller_port") or free_port()
+        self._cluster_id: str = saved.get("cluster_id") or _new_cluster_id()
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for Kafka clients."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "broker.log"
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.home / "broker.pid"
+
+    @property
+    def _data_dir(self) -> Path:
+        return self.home / "data"
+
+    def fetch(self) -> Path:
+        """Copy the broker's jars from Maven Central into ``libs_dir`` unless they are there."""
+        return fetch_jars(self.libs_dir, self.version)
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Fetch, format (first time only), launch, and return once the broker serves metadata."""
+        if self.status().running:
+            logger.info("broker in %s already runs at %s", self.home, self.bootstrap)
+            return
+        for port in (self.port, self.controller_port):
+            if not _port_free(port):
+                raise BrokerError(f"port {port} on 127.0.0.1 is in use; pick another with --port/--controller-port")
+        libs = self.fetch()
+        java = _java()
+        self.home.mkdir(parents=True, exist_ok=True)
+        props = self._write_config()
+        self._format(java, libs, props)
+        log4j = self.home / "log4j2.xml"
+        log4j.write_bytes(resources.files(__package__).joinpath(_LOG4J).read_bytes())
+        cmd = [java, f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
+               "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
+               f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+        started = time.monotonic()
+        with self.log_file.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.home, start_new_session=True)
+        self._pid_file.write_text(str(proc.pid))
+        try:
+            self._wait_serving(proc, timeout)
+        except BrokerError:
+            self.stop(timeout=10.0)
+            raise
+        logger.info("Kafka %s serves at %s (pid %d) after %.1fs", self.version, self.bootstrap, proc.pid,
+                    time.monotonic() - started)
+
+    def status(self) -> BrokerStatus:
+        """Whether this home's broker process is alive (its pid file names a live Kafka JVM)."""
+        pid = self._read_pid()
+        running = pid is not None and _is_kafka_process(pid)
+        return BrokerStatus(running=running, pid=pid if running else None, bootstrap=self.bootstrap, home=self.home)
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """SIGTERM the broker (a controlled shutdown), SIGKILL after ``timeout``; False if none ran."""
+        pid = self._read_pid()
+        if pid is None or not _is_kafka_process(pid):
+            self._pid_file.unlink(missing_ok=True)
+            return False
+        for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            if _wait_exit(pid, wait_s):
+                break
+            logger.warning("broker pid %d did not exit %.0fs after %s", pid, wait_s, sig.name)
+        else:
+            raise BrokerError(f"broker pid {pid} survived SIGKILL")
+        self._pid_file.unlink(missing_ok=True)
+        logger.info("stopped the broker in %s", self.home)
+        return True
+
+    def __enter__(self) -> "LocalKafkaBroker":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _read_meta(self) -> dict:
+        path = self.home / "broker.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _read_pid(self) -> int | None:
+        try:
+            return int(self._pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_config(self) -> Path:
+        """Write ``broker.json`` and ``server.properties`` for the current ports."""
+        meta = {"cluster_id": self._cluster_id, "port": self.port, "controller_port": self.controller_port}
+        (self.home / "broker.json").write_text(json.dumps(meta, indent=2) + "\n")
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self._data_dir),
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "10",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "group.min.session.timeout.ms": "1000",
+            "message.max.bytes": str(16 * 1024 * 1024),
+        }
+        props = self.home / "server.properties"
+        props.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        return props
+
+    def _format(self, java: str, libs: Path, props: Path) -> None:
+        """Format the KRaft storage once; a formatted data dir keeps its topics across restarts."""
+        if (self._data_dir / "meta.properties").exists():
+            return
+        cmd = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-cp", f"{libs}/*",
+               "kafka.tools.StorageTool", "format", "-t", self._cluster_id, "-c", str(props)]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise BrokerError(f"formatting {self._data_dir} failed:\n{_tail(result.stdout + result.stderr)}")
+
+    def _wait_serving(self, proc: subprocess.Popen, timeout: float) -> None:
+        """Wait until the port accepts connections and the broker answers a metadata request."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        admin = None
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise BrokerError(f"the broker exited during start-up (status {proc.returncode}); {self._log_tail()}")
+            if admin is None and not _listening(self.port):
+                time.sleep(0.2)
+                continue
+            admin = admin or AdminClient({"bootstrap.servers": self.bootstrap, "reconnect.backoff.max.ms": 500})
+            try:
+                if admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic()))).brokers:
+                    return
+            except KafkaException:
+                time.sleep(0.2)
+        raise BrokerError(f"the broker did not serve within {timeout:.0f}s; {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            return f"{self.log_file} ends with:\n{_tail(self.log_file.read_text(errors='replace'))}"
+        except FileNotFoundError:
+            return f"{self.log_file} is missing"
+
+
+def _new_cluster_id() -> str:
+    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters).
+
+    Like Kafka's ``Uuid.randomUuid``, never one that starts with ``-``, which command lines
+    (``kafka-storage format -t ID``) would read as an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home) / "bin" / "java" if java_home else None
+    if candidate is not None and candidate.exists():
+        return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise BrokerError("Java ('java') is not on PATH; Kafka needs Java 17 or newer")
+    return found
+
+
+def _port_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:port (bound like the JVM does, with SO_REUSEADDR)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _listening(port: int) -> bool:
+    """True when something accepts TCP connections on 127.0.0.1:port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+def _is_kafka_process(pid: int) -> bool:
+    """True while ``pid`` is a live (not zombie) ``kafka.Kafka`` JVM; reaps it if it is our child."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path(f"/proc/{pid}")
+    if not sys.platform.startswith("linux") or not proc.exists():
+        return True
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = (proc / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    # An empty cmdline is a process between fork and exec (or in an exec): not a reused pid.
+    return state != "Z" and (not cmdline or b"kafka.Kafka" in cmdline)
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _is_kafka_process(pid):
+            return True
+        time.sleep(0.1)
+    return not _is_kafka_process(pid)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

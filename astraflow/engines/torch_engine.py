@@ -1,0 +1,65 @@
+"""The torch inference engine: batched sampling with behaviour log-probs and swappable weights.
+
+A rollout producer holds one engine per policy, asks it for ``n`` responses per prompt, and loads a
+new weight version between two calls (never during one), so every token of one ``generate`` call
+comes from ``engine.version``. Log-probs follow ``astraflow.models.sampling``: ``log_softmax(logits
+/ T)`` of each sampled token, the distribution it was drawn from; the trainer scores tokens the same
+way. Runs on CPU or GPU (wherever the model lives). The contract it implements, and the other
+engines (``vllm``, ``openai``), are in ``astraflow.engines``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from astraflow.models.sampling import sample
+from astraflow.engines.base import Engine, Generation
+from astraflow.engines.token_engine import TurnSample
+
+__all__ = ["Generation", "TorchEngine"]
+
+
+class TorchEngine(Engine):
+    """Samples from a transformers causal LM; ``version`` is the weight version it currently holds."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        version: int = 0,
+        seed: int | None = None,
+        chat_template: bool = False,
+    ) -> None:
+        super().__init__(tokenizer, version, chat_template)
+        self.model = model.eval()
+        self._generator = torch.Generator(device=model.device)
+        if seed is not None:
+            self._generator.manual_seed(seed)
+        else:
+            self._generator.seed()
+
+    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+        batch = sample(
+            self.model,
+            contexts,
+            n=n,
+            max_new_tokens=max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=temperature,
+            greedy=greedy,
+            generator=self._generator,
+        )
+        return [
+            TurnSample(batch.tokens[row, : batch.lengths[row]].copy(), batch.logprobs[row, : batch.lengths[row]].copy(), bool(batch.stopped[row]))
+            for row in range(len(batch.lengths))
+        ]
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Swap in the weights of ``version`` (a full state dict); call between two ``generate`` calls."""
+        self.model.load_state_dict(state)
+        self.version = version

@@ -1,1 +1,0 @@
-"""AstraFlow infra."""

@@ -1,0 +1,1 @@
+"""The code task: programs from input/output examples, run by the sandbox as an environment."""

@@ -1,0 +1,56 @@
+"""The code environment: each policy turn is a whole Python program, run on the task's tests.
+
+Every test runs the program (stdin = the test's input; all of a program's tests in one sandbox,
+each in its own process with its own limits) and passes when stdout, stripped, equals the
+expected output, which never enters the sandbox. All passing ends the episode; otherwise the
+observation reports the first failure (``\\nf(3) should be 10, got 9\\n``) and the policy may try
+again, within the workflow's turn limit. Reward = the fraction of tests the *last* program passed.
+
+A program that crashes, hangs or exceeds a limit fails that test. A sandbox that cannot run it
+raises ``SandboxError`` out of ``step``: the task fails, it is never scored 0.
+"""
+
+from __future__ import annotations
+
+from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
+from astraflow.sandbox import Sandbox
+from astraflow.schemas.records import RolloutTask
+from astraflow.tasks.code.programs import parse_reference
+
+
+class CodeEnv(EpisodeEnv):
+    role = "tool"
+
+    def __init__(self, task: RolloutTask, sandbox: Sandbox) -> None:
+        try:
+            self.tests, _ = parse_reference(task.reference)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EnvError(f"code: task {task.task_id} has no tests in its reference: {exc}") from exc
+        if not self.tests:
+            raise EnvError(f"code: task {task.task_id} has an empty test list")
+        self.task = task
+        self.sandbox = sandbox
+        self.passed = 0
+        self.attempts = 0
+        self.failures = 0  # crashes, timeouts and limit kills over all attempts
+
+    def reset(self) -> str:
+        return self.task.prompt
+
+    def step(self, action: str) -> StepResult:
+        self.attempts += 1
+        self.passed, first_failure = 0, None
+        results = self.sandbox.run_python_tests(action, [test.input for test in self.tests])
+        for test, result in zip(self.tests, results):
+            if result.ok and result.stdout.strip() == test.output.strip():
+                self.passed += 1
+                continue
+            self.failures += not result.ok
+            if first_failure is None:
+                got = result.stdout.strip()[:20] if result.ok else result.describe()
+                first_failure = f"\nf({test.input.strip()}) should be {test.output.strip()}, got {got}\n"
+        return StepResult("", done=True) if first_failure is None else StepResult(first_failure)
+
+    def reward(self) -> dict[str, float]:
+        fraction = self.passed / len(self.tests)
+        return {"reward": fraction, "tests_passed": fraction, "attempts": float(self.attempts), "program_failures": float(self.failures)}

@@ -1,0 +1,126 @@
+"""A small text room-navigation game: find the key in a grid of rooms joined by doors.
+
+The layout is a pure function of ``(seed, size)``: ``size × size`` named rooms, doors along a
+random spanning tree of the grid (so every room is reachable and paths are unique), a start room
+and a key room. The policy sees only the room it is in and its exits, and moves with
+``go(north|south|east|west)``; it must explore. Reward 1 when it reaches the key room, else 0.
+
+    find the key. you are in the hall. exits: north, east.\\n  go(east)<eos>
+    \\nyou are in the attic. exits: west.\\n  ...  \\nyou found the key in the study.\\n
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
+from astraflow.envs.calls import parse_call
+
+ROOM_NAMES = ["hall", "kitchen", "attic", "cellar", "study", "garden", "bath", "pantry", "porch", "library", "garage", "office", "den", "loft", "shed", "vault"]
+DIRECTIONS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0)}
+Cell = tuple[int, int]
+
+
+@dataclass
+class RoomsLayout:
+    size: int
+    names: dict[Cell, str]
+    doors: set[frozenset[Cell]]
+    start: Cell
+    key: Cell
+
+    @classmethod
+    def generate(cls, seed: int, size: int = 3) -> "RoomsLayout":
+        if not 2 <= size <= 4:
+            raise ValueError(f"rooms size must be in [2, 4], got {size}")
+        rng = random.Random(seed)
+        cells = [(x, y) for y in range(size) for x in range(size)]
+        names = dict(zip(cells, rng.sample(ROOM_NAMES, len(cells))))
+        doors: set[frozenset[Cell]] = set()
+        seen, stack = {cells[0]}, [cells[0]]
+        while stack:  # randomised depth-first search: a spanning tree
+            x, y = stack[-1]
+            options = [(x + dx, y + dy) for dx, dy in DIRECTIONS.values() if (x + dx, y + dy) in names and (x + dx, y + dy) not in seen]
+            if not options:
+                stack.pop()
+                continue
+            nxt = rng.choice(options)
+            doors.add(frozenset({(x, y), nxt}))
+            seen.add(nxt)
+            stack.append(nxt)
+        start, key = rng.sample(cells, 2)
+        return cls(size, names, doors, start, key)
+
+    def exits(self, cell: Cell) -> list[str]:
+        x, y = cell
+        return [d for d, (dx, dy) in DIRECTIONS.items() if frozenset({cell, (x + dx, y + dy)}) in self.doors]
+
+    def describe(self, cell: Cell) -> str:
+        return f"you are in the {self.names[cell]}. exits: {', '.join(self.exits(cell))}."
+
+    def shortest_path(self) -> list[str]:
+        """The moves from the start to the key (for warm-up demonstrations)."""
+        previous: dict[Cell, tuple[Cell, str] | None] = {self.start: None}
+        queue = deque([self.start])
+        while queue:
+            cell = queue.popleft()
+            for direction in self.exits(cell):
+                dx, dy = DIRECTIONS[direction]
+                nxt = (cell[0] + dx, cell[1] + dy)
+                if nxt not in previous:
+                    previous[nxt] = (cell, direction)
+                    queue.append(nxt)
+        path, cell = [], self.key
+        while previous[cell] is not None:
+            cell, direction = previous[cell]
+            path.append(direction)
+        return path[::-1]
+
+
+def layout_from_reference(reference: str) -> RoomsLayout:
+    """The layout named by a task reference ``{"seed": s, "size": n}``; ``EnvError`` when malformed."""
+    try:
+        spec = json.loads(reference)
+        return RoomsLayout.generate(int(spec["seed"]), int(spec.get("size", 3)))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EnvError(f"rooms: bad task reference {reference!r}: {exc}") from exc
+
+
+@dataclass
+class RoomsEnv(EpisodeEnv):
+    """One game; ``role`` environment, reward 1 for reaching the key."""
+
+    layout: RoomsLayout
+    cell: Cell = field(init=False)
+    found: bool = False
+    moves: int = 0
+    invalid: int = 0
+
+    def __post_init__(self) -> None:
+        self.cell = self.layout.start
+
+    def reset(self) -> str:
+        self.cell, self.found, self.moves, self.invalid = self.layout.start, False, 0, 0
+        return f"find the key. {self.layout.describe(self.cell)}\n"
+
+    def step(self, action: str) -> StepResult:
+        call = parse_call(action)
+        if call is None or call.name != "go" or call.argument not in DIRECTIONS:
+            self.invalid += 1
+            return StepResult("\nwrite go(north), go(south), go(east) or go(west).\n")
+        if call.argument not in self.layout.exits(self.cell):
+            self.invalid += 1
+            return StepResult(f"\nno door {call.argument}. {self.layout.describe(self.cell)}\n")
+        dx, dy = DIRECTIONS[call.argument]
+        self.cell = (self.cell[0] + dx, self.cell[1] + dy)
+        self.moves += 1
+        if self.cell == self.layout.key:
+            self.found = True
+            return StepResult(f"\nyou found the key in the {self.layout.names[self.cell]}.\n", done=True)
+        return StepResult(f"\n{self.layout.describe(self.cell)}\n")
+
+    def reward(self) -> dict[str, float]:
+        return {"reward": float(self.found), "found": float(self.found), "moves": float(self.moves), "invalid": float(self.invalid)}

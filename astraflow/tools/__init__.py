@@ -1,1 +1,0 @@
-"""Tools that multi-turn workflows give the policy: the call syntax and the search index."""

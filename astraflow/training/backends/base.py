@@ -1,0 +1,58 @@
+"""The optimizer side of a trainer, behind one small interface chosen by ``train.backend``.
+
+``PolicyTrainer`` owns the loss; a backend owns everything that touches parameters: the module
+the forward pass runs through, ``backward``, the optimizer step with gradient clipping, and an
+optimizer object whose ``state_dict`` / ``load_state_dict`` ``CheckpointStore`` saves next to the
+model. That keeps the checkpoint contract one contract: model, optimizer, offsets, version in one
+atomic directory, whichever backend trained them. ``backend.model`` is always the plain module
+whose ``state_dict`` holds the current weights (what the trainer publishes).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from astraflow.training.step import PolicyStepConfig, PolicyTrainer
+
+
+class OptimizerState(Protocol):
+    """What ``CheckpointStore`` needs of an optimizer."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class TrainerBackend(ABC):
+    """One optimizer over ``model``; the learning rate of each step is set by the caller."""
+
+    model: torch.nn.Module
+    optimizer: OptimizerState
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """What to run the forward pass through (the model itself unless the backend wraps it)."""
+        return self.model
+
+    def learner(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig) -> PolicyTrainer:
+        """What takes the trainer's steps over this backend: ``PolicyTrainer`` (the loss, then this optimizer)."""
+        from astraflow.training.step import PolicyTrainer
+
+        return PolicyTrainer(model, pad_id, config, backend=self)
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Forget the gradients of the previous step."""
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate the gradient of ``loss``; ``last`` marks the final micro-batch of a step."""
+
+    @abstractmethod
+    def step(self, lr: float) -> float:
+        """Clip the gradients (global norm, the backend's ``max_grad_norm``), update at ``lr``; the norm before clipping."""
