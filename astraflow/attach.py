@@ -21,6 +21,7 @@ from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.log import Log, Message, TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.store import LogSchemaStore
+from astraflow.rundir import RunDir
 
 STALL_S = 10.0
 """A snapshot read gives up on partitions that return nothing for this long (e.g. a compacted tail)."""
@@ -57,14 +58,14 @@ class AttachedRun:
         self.close()
 
 
-def attach(target: Path, run_dir: Path | None = None, bootstrap: str | None = None) -> AttachedRun:
+def open_run(target: Path, run_dir: Path | None = None, *, backend: str | None = None, bootstrap: str | None = None) -> AttachedRun:
     """Open the run named by ``target``: a run directory, or a YAML config (run dir from ``run_dir``
-    or the default ``runs/<run>``); ``bootstrap`` points a Kafka run at another broker address."""
-    from astraflow.launch.process import default_run_dir
-
+    or the default ``runs/<run>``). ``backend`` and ``bootstrap`` override the config's log (e.g. a
+    Kafka run seen through another broker address). The one way analysis tools, replay and the
+    offline mixer open another run."""
     if target.is_dir():
         directory = target
-        config_path = target / "config.yaml"
+        config_path = RunDir(target).config
         if not config_path.exists():
             raise ConfigError(f"{target}: no config.yaml here; give a run directory written by `astraflow run` or a config")
     elif target.is_file():
@@ -72,15 +73,16 @@ def attach(target: Path, run_dir: Path | None = None, bootstrap: str | None = No
         directory = run_dir
     else:
         raise ConfigError(f"{target}: no such run directory or config file")
-    config = load_config(config_path, {"log.bootstrap": bootstrap} if bootstrap else None)
-    directory = directory or default_run_dir(config)
+    overrides = {key: value for key, value in (("log.backend", backend), ("log.bootstrap", bootstrap)) if value}
+    config = load_config(config_path, overrides or None)
+    directory = directory or RunDir.default(config.run).root
     return AttachedRun(config, directory, open_run_log_readonly(config, directory))
 
 
 def open_run_log_readonly(config: RunConfig, run_dir: Path) -> Log:
     """The run's log; unlike the components, never creates an empty embedded log file."""
     if config.log.backend == "embedded":
-        path = run_dir / "log.sqlite"
+        path = RunDir(run_dir).log
         if not path.exists():
             raise ConfigError(f"{run_dir}: no log.sqlite, so no embedded log to attach to")
         return open_log("embedded", path=path)

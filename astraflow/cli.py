@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from astraflow.broker.cli import broker_app
+from astraflow.rundir import RunDir
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="AstraFlow: RL for agentic LLMs on a durable Avro log.")
 app.add_typer(broker_app, name="broker")
@@ -24,10 +25,10 @@ PolicyOpt = Annotated[Optional[str], typer.Option("--policy", help="Which of the
 
 
 def _component(name: str, config: Path, run_dir: Optional[Path], backend: Optional[str], bootstrap: Optional[str]):
-    from astraflow.launch.process import default_run_dir, resolve_config
+    from astraflow.launch.process import resolve_config
 
     cfg = resolve_config(config, backend, bootstrap)
-    return cfg, run_dir or default_run_dir(cfg)
+    return cfg, run_dir or RunDir.default(cfg.run).root
 
 
 def _one_policy(cfg, policy: Optional[str]):
@@ -75,12 +76,12 @@ def rollout(
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads of this producer (overrides rollout.threads).")] = None,
 ) -> None:
     """Rollout producer: joins the pool at any time (after catching up on weights), leaves cleanly on SIGTERM."""
-    from astraflow.launch.process import default_run_dir, resolve_config, run_component
+    from astraflow.launch.process import resolve_config, run_component
     from astraflow.producers.rollout import RolloutProducer
 
     overrides = {key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value}
     cfg = resolve_config(config, backend, bootstrap, overrides)
-    directory = run_dir or default_run_dir(cfg)
+    directory = run_dir or RunDir.default(cfg.run).root
     run_component("rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region, hardware=hardware).run(stop))
 
 
@@ -104,10 +105,10 @@ def stream(
     policy: PolicyOpt = None,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
-    from astraflow.launch.process import default_run_dir, resolve_config, run_component
+    from astraflow.launch.process import resolve_config, run_component
 
     cfg = resolve_config(config, backend, bootstrap, {"stream.runtime": runtime} if runtime else None)
-    directory = run_dir or default_run_dir(cfg)
+    directory = run_dir or RunDir.default(cfg.run).root
     cfg = _one_policy(cfg, policy)
     if cfg.stream_runtime() == "faust":
         from astraflow.streams.faust_runtime import FaustStreamProcessor as Processor
@@ -162,11 +163,11 @@ def run(
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
     from astraflow.launch.launcher import launch
-    from astraflow.launch.process import default_run_dir, resolve_config
+    from astraflow.launch.process import resolve_config
 
     overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
     cfg = resolve_config(config, backend, bootstrap, overrides)
-    directory = run_dir or default_run_dir(cfg)
+    directory = run_dir or RunDir.default(cfg.run).root
     summary = launch(cfg, directory, dashboard=dashboard)
     typer.echo(f"run directory: {directory}")
     typer.echo(f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in {summary['versions']} versions, {summary['wall_seconds']:.0f} s")
@@ -188,14 +189,15 @@ def replay(
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     """Train a fresh base model of CONFIG from the trajectories a SOURCE run logged (finished or live; the source is only read)."""
-    from astraflow.launch.process import default_run_dir, resolve_config
-    from astraflow.launch.replay import open_source, parse_time_ms, replay as replay_run
+    from astraflow.launch.process import resolve_config
+    from astraflow.attach import open_run
+    from astraflow.launch.replay import parse_time_ms, replay as replay_run
 
     cfg = resolve_config(config, backend, bootstrap, {"stop.max_minutes": max_minutes} if max_minutes else None)
     span = {"from_offset": from_offset, "since_ms": parse_time_ms(since, "--since") if since else None,
             "until_ms": parse_time_ms(until, "--until") if until else None}
-    directory = run_dir or default_run_dir(cfg)
-    with open_source(source, source_backend, source_bootstrap) as attached:
+    directory = run_dir or RunDir.default(cfg.run).root
+    with open_run(source, backend=source_backend, bootstrap=source_bootstrap) as attached:
         summary = replay_run(cfg, attached, directory, span, dashboard=dashboard)
     section = summary["replay"]
     typer.echo(f"run directory: {directory}")
@@ -226,7 +228,7 @@ def tail(
     if (run_dir is None) == (bootstrap is None):
         raise ConfigError("tail: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
     select = RecordFilter.parse(policy, min_version, where or [])
-    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=run_dir / "log.sqlite")
+    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=RunDir(run_dir).log)
     with log:
         for line in tail_topic(log, topic, group=group, from_beginning=from_beginning, limit=limit, idle_timeout=idle_timeout,
                                select=select if select.active else None):
@@ -244,10 +246,10 @@ def audit(
     """Account for every trajectory: trained (version), filtered, dead-lettered or pending; exit 1 if any is lost or trained twice."""
     import json
 
-    from astraflow.attach import attach
+    from astraflow.attach import open_run
     from astraflow.analysis.audit import audit_run, format_report
 
-    with attach(target, run_dir, bootstrap) as run:
+    with open_run(target, run_dir, bootstrap=bootstrap) as run:
         report = audit_run(run)
     typer.echo(json.dumps(report.to_dict()) if as_json else format_report(report, versions))
     if not report.ok:
@@ -268,10 +270,10 @@ def stats(
     """Throughput, group lag, staleness, reward by version and drop reasons of a run (live or finished)."""
     import json
 
-    from astraflow.attach import attach
+    from astraflow.attach import open_run
     from astraflow.analysis.stats import collect_stats
 
-    with attach(target, run_dir, bootstrap) as attached:
+    with open_run(target, run_dir, bootstrap=bootstrap) as attached:
         snapshot = collect_stats(attached, window_s=window)
     if as_json:
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
@@ -314,9 +316,9 @@ def export(
 
     if (run_dir is None) == (bootstrap is None):
         raise ConfigError("export: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
-    if run_dir is not None and not (run_dir / "log.sqlite").exists():
+    if run_dir is not None and not RunDir(run_dir).log.exists():
         raise ConfigError(f"--run-dir {run_dir}: no log.sqlite there")
-    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=run_dir / "log.sqlite")
+    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=RunDir(run_dir).log)
     with log:
         result = export_topic(log, topic, to, out)
     skipped = ", ".join(f"{count} {reason}" for reason, count in result.skipped.items())

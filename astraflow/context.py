@@ -21,6 +21,7 @@ from astraflow.schemas.codec import Codec
 from astraflow.schemas.store import LogSchemaStore
 from astraflow.schemas.records import DeadLetter, Metric
 from astraflow.topics import RunTopics
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 RECORD_OVERHEAD_BYTES = 1024
@@ -35,7 +36,7 @@ def now_ms() -> int:
 def open_run_log(config: RunConfig, run_dir: Path) -> Log:
     """The run's log: ``run_dir/log.sqlite`` for the embedded backend, the cluster for Kafka."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    return open_log(config.log.backend, path=run_dir / "log.sqlite", bootstrap=config.log.bootstrap)
+    return open_log(config.log.backend, path=RunDir(run_dir).log, bootstrap=config.log.bootstrap)
 
 
 class ComponentContext:

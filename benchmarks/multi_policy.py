@@ -80,7 +80,7 @@ LABELS = {"async": "(a) async", "lockstep": "(b) lockstep", "trainer_centred": "
 
 def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: int):
     """The loop over ``replicas`` engine sets; simulated trainers spread over ``devices`` GPUs."""
-    from astraflow.training.backends import build_backend
+    from astraflow.training.learner import build_learner
     from astraflow.models.base import base_checkpoint_path
     from astraflow.models.loading import load_policy
     from astraflow.engines import build_engine
@@ -94,9 +94,7 @@ def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: 
         model, tokenizer = load_policy(base_checkpoint_path(cfg, run_dir))
         steps = step_config(cfg)
         simulated = cfg.train.simulated.model_copy(update={"devices": devices}) if devices else cfg.train.simulated
-        backend = build_backend(cfg.train.backend, model, lr=steps.lr, betas=steps.betas, weight_decay=steps.weight_decay,
-                                max_grad_norm=steps.max_grad_norm, simulated=simulated)
-        learners[policy] = backend.learner(model, tokenizer.pad_token_id, steps)
+        learners[policy] = build_learner(cfg.train.backend, model, tokenizer.pad_token_id, steps, simulated=simulated)
     engines = [{p: build_engine(config.for_policy(p).engine, base_checkpoint_path(config.for_policy(p), run_dir), seed=seed + i) for p in policies}
                for i in range(replicas)]
     return TrainerCentredLoop(config, load_task_split(config.task, run_dir, "train"), engines, learners), learners

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from astraflow.config import RunConfig
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
-from astraflow.producers.workflows import Provenance, build_run_workflow
+from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.streams.operators import Group
 from astraflow.streams.pipeline import build_pipeline

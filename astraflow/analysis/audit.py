@@ -34,6 +34,7 @@ from astraflow.attach import AttachedRun, decode_snapshot, read_snapshot
 from astraflow.training.checkpoint import TrainerState, read_latest_state
 from astraflow.log import TopicPartition
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
+from astraflow.rundir import RunDir
 
 UNKNOWN_VERSION = -1
 """Version of a trained sample that the checkpoint's history does not cover (an older trainer)."""
@@ -159,7 +160,7 @@ def _audit_policy(run: AttachedRun, policy: str, letters: dict[tuple[str, int, i
             for trajectory_id in stats.trajectory_ids:
                 filtered[trajectory_id] = stats.drop_reason.partition(":")[0] or "unknown"
 
-    state = read_latest_state(run.run_dir / "checkpoints" / policy) or TrainerState(0, {}, 0)
+    state = read_latest_state(RunDir(run.run_dir).checkpoints(policy)) or TrainerState(0, {}, 0)
     trained: dict[str, list[int]] = defaultdict(list)
     beyond_checkpoint: set[str] = set()
     samples = sorted(((m, s) for m, s in decode_snapshot(run.log, f"{run.name}.samples.{policy}") if isinstance(s, TrainSample)),

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from astraflow.config import load_config
-from astraflow.attach import AttachedRun, attach, decode_snapshot, read_snapshot
+from astraflow.attach import AttachedRun, open_run, decode_snapshot, read_snapshot
 from astraflow.analysis.report import load_metrics
 from astraflow.errors import ConfigError
 from astraflow.schemas.records import Metric, Trajectory
+from astraflow.rundir import RunDir
 
 
 @dataclass
@@ -86,10 +87,10 @@ def gather(target: Path, run_dir: Path | None = None, bootstrap: str | None = No
     """The report data of the run at ``target`` (see ``attach``) and its run directory; falls back to
     ``metrics.jsonl`` when an embedded run directory has no log left."""
     try:
-        with attach(target, run_dir, bootstrap) as run:
+        with open_run(target, run_dir, bootstrap=bootstrap) as run:
             return from_log(run), run.run_dir
     except ConfigError:
         directory = target if target.is_dir() else run_dir
-        if directory is None or not (directory / "metrics.jsonl").exists() or not (directory / "config.yaml").exists():
+        if directory is None or not RunDir(directory).metrics.exists() or not RunDir(directory).config.exists():
             raise
-        return from_metrics_file(load_config(directory / "config.yaml").run, directory / "metrics.jsonl"), directory
+        return from_metrics_file(load_config(RunDir(directory).config).run, RunDir(directory).metrics), directory

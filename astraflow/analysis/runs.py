@@ -25,6 +25,7 @@ from astraflow.attach import offsets_at, open_run_log_readonly
 from astraflow.analysis.stats import GroupLag, group_lag
 from astraflow.errors import ConfigError, LogError
 from astraflow.log import Log, open_log
+from astraflow.rundir import RunDir
 
 LIVE_S = 60.0
 INTERNAL_PREFIX = "_"
@@ -75,8 +76,8 @@ def run_dirs(root: Path) -> list[Path]:
 
 def dir_config(run_dir: Path, bootstrap: str | None = None) -> RunConfig:
     """The run directory's saved config (the embedded default, named after the directory, if none)."""
-    if (run_dir / "config.yaml").exists():
-        return load_config(run_dir / "config.yaml", {"log.bootstrap": bootstrap} if bootstrap else None)
+    if RunDir(run_dir).config.exists():
+        return load_config(RunDir(run_dir).config, {"log.bootstrap": bootstrap} if bootstrap else None)
     return parse_config({"run": run_dir.name}, source=str(run_dir))
 
 
@@ -84,8 +85,8 @@ def describe_run(log: Log, name: str, run_dir: Path | None, backend: str, detail
     """Status and, with ``details``, topics with record counts and consumer-group lag."""
     topics = namespaces(log).get(name, [])
     info = RunInfo(name, backend, run_status(log, name, run_dir), run_dir)
-    if run_dir is not None and (run_dir / "summary.json").exists():
-        info.summary = json.loads((run_dir / "summary.json").read_text())
+    if run_dir is not None and RunDir(run_dir).summary.exists():
+        info.summary = json.loads(RunDir(run_dir).summary.read_text())
     starts = {}
     for topic in topics:
         ends = log.end_offsets(topic)
@@ -104,7 +105,7 @@ def run_status(log: Log, name: str, run_dir: Path | None) -> str:
         recent = offsets_at(log, metrics, int((time.time() - LIVE_S) * 1000))
         if any(recent[p] < end for p, end in log.end_offsets(metrics).items()):
             return "live"
-    if run_dir is not None and (run_dir / "summary.json").exists():
+    if run_dir is not None and RunDir(run_dir).summary.exists():
         return "finished"
     return "stopped"
 
@@ -150,7 +151,7 @@ def list_runs(root: Path, bootstrap: str | None = None) -> list[RunInfo]:
             with ref.open_log() as log:
                 infos.append(describe_run(log, ref.name, run_dir, ref.backend, details=False))
         else:
-            info = RunInfo(ref.name, ref.backend, "finished" if (run_dir / "summary.json").exists() else "unknown", run_dir)
+            info = RunInfo(ref.name, ref.backend, "finished" if RunDir(run_dir).summary.exists() else "unknown", run_dir)
             infos.append(info)
     if bootstrap:
         known = {info.name for info in infos if info.backend == "kafka"}

@@ -28,12 +28,9 @@ from astraflow.config import RunConfig
 from astraflow.tasks.catalog import is_multi_turn
 from astraflow.models.base import base_checkpoint_dir
 from astraflow.tasks.datasets import task_data_version
+from astraflow.rundir import RunDir, cache_root
 
 logger = logging.getLogger(__name__)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow"))
 
 
 def _cache_key(config: RunConfig) -> str:
@@ -90,7 +87,7 @@ def _warm_up_on_demonstrations(config: RunConfig, run_dir: Path, model, tokenize
     from astraflow.tasks.datasets import task_demonstration
 
     r = config.rollout
-    make_env = open_environments(r.workflow, r.reward, config.agent, run_dir / "data")
+    make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(run_dir).data)
     limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
     turns = task_demonstration(config.task.kind)
     transcripts = [demonstrate(make_env(evaluation_task(row, r.workflow), 0), turns(row), tokenizer, limits, row.prompt_id) for row in train]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from astraflow.errors import AstraFlowError
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class RunProbe:
 
     def refresh(self) -> None:
         """Take in the metrics appended since the last call (a partial last line waits for the next)."""
-        path = self.run_dir / "metrics.jsonl"
+        path = RunDir(self.run_dir).metrics
         if not path.exists():
             return
         with path.open("rb") as handle:

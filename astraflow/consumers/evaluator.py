@@ -20,6 +20,7 @@ import time
 
 from astraflow.context import ComponentContext
 from astraflow.weights.follow import WeightFollower
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Evaluator:
             from astraflow.envs.episodes import AgentLimits
             from astraflow.evaluation.heldout import evaluate_episodes
 
-            make_env = open_environments(r.workflow, r.reward, config.agent, self.ctx.run_dir / "data")
+            make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(self.ctx.run_dir).data)
             limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
             return lambda: evaluate_episodes(self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow)
         from astraflow.evaluation.heldout import evaluate_exact_match

@@ -31,6 +31,7 @@ from astraflow.log import Message, TopicPartition
 from astraflow.training.checkpoint import RECALL_WINDOW
 from astraflow.schemas.records import TrainSample
 from astraflow.weights.publish import WeightPublisher
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,8 @@ class Trainer:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         import torch
 
-        from astraflow.training.backends import build_backend
         from astraflow.training.checkpoint import CheckpointStore
+        from astraflow.training.learner import build_learner
         from astraflow.training.step import PolicyStepConfig
         from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
@@ -102,12 +103,11 @@ class Trainer:
             eps_low=cfg.clip_low,
             eps_high=cfg.clip_high,
         )
-        backend = build_backend(cfg.backend, model, lr=cfg.lr, betas=step_config.betas, weight_decay=cfg.weight_decay,
-                                max_grad_norm=cfg.max_grad_norm, deepspeed=cfg.deepspeed, simulated=cfg.simulated)
+        self.learner = build_learner(cfg.backend, model, self.tokenizer.pad_token_id, step_config, deepspeed=cfg.deepspeed,
+                                     simulated=cfg.simulated)
         logger.info("trainer backend %s%s", cfg.backend, f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload "
                     f"{cfg.deepspeed.offload_optimizer})" if cfg.backend == "deepspeed" else "")
-        self.learner = backend.learner(model, self.tokenizer.pad_token_id, step_config)
-        self.checkpoints = CheckpointStore(ctx.run_dir / "checkpoints" / policy)
+        self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
         restored = self.checkpoints.restore(model, self.learner.optimizer)
         self.learner.version = restored.version if restored else 0
         self.offsets = restored.offsets if restored else {}

@@ -11,6 +11,10 @@ update endpoint) says so with ``refreshable = False`` and keeps reporting the ve
 Implementations only write ``sample``: ``n`` continuations of each context, row ``i * n + j``
 being sample ``j`` of context ``i``. Prompts are encoded here, once, the same way for every
 engine (the tokenizer's chat template when ``chat_template`` is on and the tokenizer has one).
+
+``TokenEngine`` is the part of the contract multi-turn episodes use: a turn must continue its exact
+token ids (prompt + earlier turns), or a decode → re-encode round trip could change the tokens the
+policy conditioned on (TRL #5224). Every ``Engine`` is one; test doubles may implement only it.
 """
 
 from __future__ import annotations
@@ -18,16 +22,33 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from astraflow.errors import AstraFlowError
-from astraflow.engines.token_engine import TurnSample
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class TurnSample:
+    """One policy turn as the sampler produced it."""
+
+    ids: np.ndarray  # [T] int32, the eos token included when ``stopped``
+    logprobs: np.ndarray  # [T] float32, log_softmax(logits / T) of each sampled token
+    stopped: bool  # True when the turn ended with eos (the end-of-turn token)
+
+
+@runtime_checkable
+class TokenEngine(Protocol):
+    tokenizer: object
+    version: int
+
+    def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False) -> list[TurnSample]:
+        """One continuation of each context, in order."""
 
 
 class EngineError(AstraFlowError):

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from astraflow.engines.base import Engine
-from astraflow.engines.token_engine import TurnSample
+from astraflow.engines.base import TurnSample
 
 if TYPE_CHECKING:
     import torch

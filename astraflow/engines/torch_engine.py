@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from astraflow.models.sampling import sample
 from astraflow.engines.base import Engine, Generation
-from astraflow.engines.token_engine import TurnSample
+from astraflow.engines.base import TurnSample
 
 __all__ = ["Generation", "TorchEngine"]
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from astraflow.errors import MissingDependencyError
 from astraflow.engines.base import Engine, EngineError
-from astraflow.engines.token_engine import TurnSample
+from astraflow.engines.base import TurnSample
 
 if TYPE_CHECKING:
     import torch

@@ -21,7 +21,7 @@ of its loop is:
 
 The engine is anything with ``tokenizer``, ``version`` and ``generate_ids(contexts,
 max_new_tokens, temperature, greedy)`` returning samples with ``ids``, ``logprobs`` and
-``stopped`` (``astraflow.engines.token_engine.TokenEngine``). Any ``AstraFlowError`` from an
+``stopped`` (``astraflow.engines.base.TokenEngine``). Any ``AstraFlowError`` from an
 environment (server down, sandbox broken), or a score without a finite ``reward``, fails the
 whole task: its group would be incomplete, and a broken environment must not look like a zero
 reward. Every environment is closed, whatever happened.
@@ -45,7 +45,7 @@ from astraflow.schemas.records import RolloutTask, Turn
 
 if TYPE_CHECKING:
     from astraflow.config import AgentConfig
-    from astraflow.engines.token_engine import TokenEngine
+    from astraflow.engines.base import TokenEngine
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 ``EnvServer(factory).start()`` listens on a free local port in a daemon thread; the factory builds
 one environment per ``/reset`` from the task it is sent. Used by the tests, and as a template for
-wrapping an external environment: the bundled rooms game is ``EnvServer(rooms_factory)``.
+wrapping an external environment: the bundled rooms game is ``EnvServer(rooms_factory)``
+(``astraflow.tasks.rooms.server``).
 A request the server cannot serve answers 4xx/5xx with ``{"error": reason}``.
 """
 
@@ -17,15 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from astraflow.envs.base import EpisodeEnv
 from astraflow.errors import AstraFlowError
-from astraflow.tasks.rooms.env import RoomsEnv, layout_from_reference
 
 logger = logging.getLogger(__name__)
 ServedFactory = Callable[[dict], EpisodeEnv]
 """Builds an environment from the ``task`` object of a ``/reset`` request."""
-
-
-def rooms_factory(task: dict) -> EpisodeEnv:
-    return RoomsEnv(layout_from_reference(str(task["reference"])))
 
 
 class EnvServer:
@@ -96,25 +92,3 @@ class EnvServer:
                 logger.debug("env server: " + format, *args)
 
         return Handler
-
-
-def main() -> None:
-    """``python -m astraflow.envs.server --port 8765``: serve the bundled rooms game until interrupted."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Serve the bundled room-navigation game over the reset/step HTTP protocol.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args()
-    server = EnvServer(rooms_factory, args.host, args.port)
-    logging.basicConfig(level=logging.INFO)
-    logger.info("serving the rooms game at %s", server.url)
-    server.start()
-    try:
-        server.join()
-    except KeyboardInterrupt:
-        server.stop()
-
-
-if __name__ == "__main__":
-    main()

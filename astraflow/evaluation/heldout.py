@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from astraflow.envs.base import EnvFactory
 from astraflow.envs.episodes import AgentLimits, play
 from astraflow.models.sampling import sample
-from astraflow.engines.token_engine import TurnSample
+from astraflow.engines.base import TurnSample
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import Problem, exact_match_reward
 

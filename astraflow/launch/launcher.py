@@ -44,6 +44,7 @@ from astraflow.launch.monitor import RunMonitor
 from astraflow.launch.pool import ProducerPool
 from astraflow.scaler.rule import capped
 from astraflow.topics import RunTopics
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 MAX_RESTARTS = 3
@@ -81,7 +82,7 @@ class Child:
         return self.run_dir / "pids" / f"{self.name}.pid"
 
     def _start(self) -> subprocess.Popen:
-        log_path = self.run_dir / "logs" / f"{self.name}.out"
+        log_path = RunDir(self.run_dir).logs / f"{self.name}.out"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as out:
             process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -105,7 +106,7 @@ class Child:
         if len(self._recent) >= MAX_RESTARTS:
             self.pid_file.unlink(missing_ok=True)
             raise CrashLoopError(f"{self.name} exited with {code} after {MAX_RESTARTS} restarts within "
-                                 f"{RESTART_WINDOW_S:.0f} s; see {self.run_dir / 'logs' / (self.name + '.out')}")
+                                 f"{RESTART_WINDOW_S:.0f} s; see {RunDir(self.run_dir).logs / (self.name + '.out')}")
         self._recent.append(now)
         self.restarts += 1
         logger.warning("%s exited with %s; restarting (restart %d)", self.name, code, self.restarts)
@@ -174,12 +175,12 @@ def plan(config: RunConfig) -> list[tuple[str, tuple[str, ...]]]:
 def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     """Run the whole system until a stop condition; return the summary written to summary.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
+    config_path = RunDir(run_dir).config
     dump_config(config, config_path)
     started = time.monotonic()
     warm = subprocess.run(_argv("warmup", config_path, run_dir), check=False)
     if warm.returncode != 0:
-        raise AstraFlowError(f"warm-up failed with exit code {warm.returncode}; see {run_dir / 'logs'}")
+        raise AstraFlowError(f"warm-up failed with exit code {warm.returncode}; see {RunDir(run_dir).logs}")
     warmup_seconds = time.monotonic() - started
 
     topics = RunTopics(config.run, config.workflow, config.policy_names())
@@ -221,10 +222,10 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     summary["restarts"] = {child.name: child.restarts for child in everyone if child.restarts}
     if failure:
         summary["failed"] = failure
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    RunDir(run_dir).summary.write_text(json.dumps(summary, indent=2))
     from astraflow.analysis.report import write_report
 
-    write_report(run_dir / "metrics.jsonl", run_dir / "report.png")
+    write_report(RunDir(run_dir).metrics, RunDir(run_dir).report)
     recorder.close()
     log.close()
     if failure:

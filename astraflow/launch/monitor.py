@@ -25,6 +25,7 @@ from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
 from astraflow.topics import RunTopics
+from astraflow.rundir import RunDir
 
 REFRESH_S = 1.0
 
@@ -49,7 +50,7 @@ class RunMonitor:
         self.codec = Codec()
         self.started = time.monotonic()
         self.started_ms = int(time.time() * 1000)
-        self.out = (run_dir / "metrics.jsonl").open("a")
+        self.out = RunDir(run_dir).metrics.open("a")
         self.consumer = log.consumer(group_id=None)
         self.consumer.assign([TopicPartition(topics.metrics(), 0)])
         self.consumer.seek_to_beginning()

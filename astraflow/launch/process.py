@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from astraflow.config import RunConfig, load_config
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -30,16 +31,12 @@ def resolve_config(config: Path, backend: str | None, bootstrap: str | None, ove
     return load_config(config, extra)
 
 
-def default_run_dir(config: RunConfig) -> Path:
-    return Path("runs") / config.run
-
-
 def setup_logging(component: str, run_dir: Path | None = None) -> None:
     """Log to stderr, and to ``run_dir/logs/{component}-{pid}.log`` when a run directory is known."""
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if run_dir is not None:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(run_dir / "logs" / f"{component}-{os.getpid()}.log"))
+        RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(RunDir(run_dir).logs / f"{component}-{os.getpid()}.log"))
     level = os.environ.get("ASTRAFLOW_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format=f"%(asctime)s {component} %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
 

@@ -2,7 +2,7 @@
 
 Steps:
 
-1. Open the source run read-only (``open_source``: its directory's ``config.yaml``, or its
+1. Open the source run read-only (``open_run``: its directory's ``config.yaml``, or its
    config; ``--source-backend`` / ``--source-bootstrap`` point it at another log) and check that
    it fits the replay config (``check_compatible``). Plan the span to copy (``plan_span``).
 2. Resolve the replay config (``replay_config``: the pipeline without ``staleness``, see below),
@@ -51,6 +51,7 @@ from astraflow.launch.monitor import RunMonitor
 from astraflow.log import Log
 from astraflow.config.pipeline import StalenessSpec
 from astraflow.topics import RunTopics
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -68,19 +69,6 @@ def parse_time_ms(text: str, option: str) -> int:
         return int(datetime.fromisoformat(text).timestamp() * 1000)
     except ValueError as exc:
         raise ConfigError(f"{option}: {text!r} is not an ISO 8601 time, e.g. 2026-05-01T12:30:00") from exc
-
-
-def open_source(source: Path, backend: str | None = None, bootstrap: str | None = None) -> AttachedRun:
-    """The source run, from its directory or its config, with its log opened read-only."""
-    from astraflow.launch.process import default_run_dir
-
-    config_path = source / "config.yaml" if source.is_dir() else source
-    if not config_path.is_file():
-        raise ConfigError(f"--source {source}: no run directory with a config.yaml, nor a config file")
-    overrides = {key: value for key, value in (("log.backend", backend), ("log.bootstrap", bootstrap)) if value}
-    config = load_config(config_path, overrides)
-    directory = source if source.is_dir() else default_run_dir(config)
-    return AttachedRun(config, directory, open_run_log_readonly(config, directory))
 
 
 def check_compatible(config: RunConfig, run_dir: Path, source: AttachedRun) -> str:
@@ -185,7 +173,7 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     config = replay_config(config)
     span = plan_span(source.log, source_topic, **span_options)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
+    config_path = RunDir(run_dir).config
     dump_config(config, config_path)
     topics = RunTopics(config.run, config.workflow, (config.policy,))
     log = open_run_log(config, run_dir)
@@ -199,7 +187,7 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     warm = subprocess.run(_argv("warmup", config_path, run_dir), check=False)
     if warm.returncode != 0:
         log.close()
-        raise AstraFlowError(f"warm-up failed with exit code {warm.returncode}; see {run_dir / 'logs'}")
+        raise AstraFlowError(f"warm-up failed with exit code {warm.returncode}; see {RunDir(run_dir).logs}")
     warmup_seconds = time.monotonic() - started
 
     copier = ReplaySource(source.log, span, log, target)
@@ -225,10 +213,10 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     monitor.drain()
     summary = monitor.summary(warmup_seconds=warmup_seconds, interrupted=interrupted)
     summary["replay"] = _replay_section(config, source, span, copier, monitor.stop_reason)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    RunDir(run_dir).summary.write_text(json.dumps(summary, indent=2))
     from astraflow.analysis.report import write_report
 
-    write_report(run_dir / "metrics.jsonl", run_dir / "report.png")
+    write_report(RunDir(run_dir).metrics, RunDir(run_dir).report)
     log.close()
     return summary
 

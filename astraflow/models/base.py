@@ -12,13 +12,14 @@ from pathlib import Path
 
 from astraflow.config import RunConfig
 from astraflow.errors import ConfigError
+from astraflow.rundir import RunDir
 
 
 def base_checkpoint_dir(config: RunConfig, run_dir: Path) -> Path:
     """Of ``config.policy``: pass the config narrowed by ``RunConfig.for_policy``."""
     if config.model.path:
         return Path(config.model.path)
-    return run_dir / "base" / config.policy if config.policies else run_dir / "base"
+    return RunDir(run_dir).base(config.policy if config.policies else None)
 
 
 def base_checkpoint_path(config: RunConfig, run_dir: Path) -> Path:

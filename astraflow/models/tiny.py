@@ -22,8 +22,10 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from astraflow.tasks.arithmetic import ALPHABET
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-DEFAULT_ALPHABET = "0123456789+-*/=()<>?., \n"
+DEFAULT_ALPHABET = ALPHABET
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.log import TopicPartition
 from astraflow.producers.curators import Curator, build_curator
-from astraflow.producers.workflows import build_run_workflow
+from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import PromptStats, RolloutTask
 from astraflow.tasks.arithmetic import Problem
 from astraflow.weights.follow import WeightFollower

@@ -43,9 +43,11 @@ import numpy as np
 
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError, LogError, RecordTooLargeError
-from astraflow.producers.workflows import Provenance, TaskOutcome, build_run_workflow
+from astraflow.producers.workflows.base import Provenance, TaskOutcome
+from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
+from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 SAMPLE_HEADROOM_BYTES = 4096
@@ -69,7 +71,7 @@ class RolloutProducer:
         torch.set_num_threads(cfg.rollout.threads)
         self.ctx = ctx
         self.provenance = Provenance(ctx.instance, region, hardware or f"cpu:{platform.machine()}x{cfg.rollout.threads}")
-        self.workflow = build_run_workflow(cfg, ctx.run_dir / "data")
+        self.workflow = build_run_workflow(cfg, RunDir(ctx.run_dir).data)
         load_task_split(cfg.task, ctx.run_dir, "train")  # some environments read the task's data (the search corpus)
         self.workflow.open()
         self.engines = {policy: build_engine(cfg.for_policy(policy).engine, base_checkpoint_path(cfg.for_policy(policy), ctx.run_dir)) for policy in self.workflow.policies}

@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from astraflow.attach import open_run
 from astraflow.config import RunConfig
 from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, ConfigError, LogError
@@ -67,9 +68,7 @@ class OfflineSource:
         self._source_log: Log | None = None
         log = ctx.log
         if mixer.source is not None:
-            from astraflow.launch.replay import open_source
-
-            source = open_source(Path(mixer.source))
+            source = open_run(Path(mixer.source))
             self._source_log = log = source.log
             check_source(ctx.config, source.config, mixer.source)
         if mixer.topic not in log.list_topics():

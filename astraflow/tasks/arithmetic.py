@@ -16,6 +16,9 @@ from pathlib import Path
 
 from astraflow.errors import RewardError
 
+ALPHABET = "0123456789+-*/=()<>?., \n"
+"""The characters of the tiny model's tokenizer for this task (``astraflow.models.tiny``)."""
+
 OPERAND_RANGE = range(10, 100)
 
 

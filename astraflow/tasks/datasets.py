@@ -14,7 +14,9 @@ from typing import Literal
 
 from astraflow.config import RunConfig, TaskConfig
 from astraflow.errors import ConfigError
+from astraflow.tasks.arithmetic import ALPHABET as ARITHMETIC_ALPHABET
 from astraflow.tasks.arithmetic import Problem, addition_problems, judge_problems, judge_target, read_jsonl, write_jsonl
+from astraflow.rundir import RunDir
 
 Split = Literal["train", "heldout"]
 
@@ -30,14 +32,14 @@ def load_task_split(task: TaskConfig, run_dir: Path, split: Split) -> list[Probl
         if not rows:
             raise ConfigError(f"task.{split}_file: {path} holds no rows")
         return rows
-    path = run_dir / "data" / f"{split}.jsonl"
+    path = RunDir(run_dir).data / f"{split}.jsonl"
     if not path.is_file():
         # several components may get here at once: each writes its own file and renames it into
         # place, so a reader never sees a half-written split (they are identical by the seed)
-        train, heldout = generate_split(task, run_dir / "data")
+        train, heldout = generate_split(task, RunDir(run_dir).data)
         for name, rows in (("train", train), ("heldout", heldout)):
-            tmp = write_jsonl(run_dir / "data" / f".{name}.{os.getpid()}.jsonl", rows)
-            os.replace(tmp, run_dir / "data" / f"{name}.jsonl")
+            tmp = write_jsonl(RunDir(run_dir).data / f".{name}.{os.getpid()}.jsonl", rows)
+            os.replace(tmp, RunDir(run_dir).data / f"{name}.jsonl")
     return read_jsonl(path)
 
 
@@ -101,9 +103,7 @@ def task_demonstration(kind: str) -> Callable[[Problem], list[str]]:
 def task_alphabet(kind: str) -> str:
     """Characters of the character-level tokenizer a tiny model for ``kind`` is built with."""
     if kind == "arithmetic":
-        from astraflow.models.tiny import DEFAULT_ALPHABET
-
-        return DEFAULT_ALPHABET
+        return ARITHMETIC_ALPHABET
     from astraflow.tasks.search.facts import ALPHABET
 
     return ALPHABET

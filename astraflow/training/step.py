@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from astraflow.training.backends import TrainerBackend, build_backend
+from astraflow.training.backends.base import TrainerBackend
+from astraflow.training.backends.torch_adamw import TorchBackend
 from astraflow.training.loss import Aggregation, ppo_clip_loss
 from astraflow.models.sampling import left_pad
 
@@ -153,9 +154,7 @@ class PolicyTrainer:
         self.pad_id = pad_id
         self.config = config
         self.version = version
-        self.backend = backend or build_backend(
-            "torch", model, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
-        )
+        self.backend = backend or TorchBackend(model, config.lr, config.betas, config.weight_decay, config.max_grad_norm)
         self.optimizer = self.backend.optimizer
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:

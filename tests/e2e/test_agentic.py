@@ -27,7 +27,8 @@ from astraflow.log import TopicPartition, open_log
 from astraflow.evaluation.heldout import evaluate_episodes
 from astraflow.models.loading import load_policy
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.producers.workflows import Provenance, build_run_workflow
+from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.streams.operators import Group

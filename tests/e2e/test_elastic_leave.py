@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.attach import attach
+from astraflow.attach import open_run
 from astraflow.analysis.stats import collect_stats
 from astraflow.log import open_log
 from astraflow.schemas.records import RolloutTask, Trajectory
@@ -84,7 +84,7 @@ def test_late_producer_catches_up_and_leaves_cleanly(run_dir: Path) -> None:
     redone = {t.task_id for t in trajectories.records if not t.producer_id.endswith(late) and t.created_ms > left_ms}
     assert not redone & {t.task_id for t in late_ones}, "tasks the leaving producer committed were redone"
 
-    with attach(config, run_dir) as attached:
+    with open_run(config, run_dir) as attached:
         rows = {row.producer: row for row in collect_stats(attached).producers}
     late_row = next(row for name, row in rows.items() if name.endswith(late))
     assert (late_row.region, late_row.hardware) == ("eu-west", "cpu-slow") and late_row.trajectories == len(late_ones)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
-from astraflow.attach import attach
+from astraflow.attach import open_run
 from astraflow.analysis.audit import audit_run
 from astraflow.training.checkpoint import TrainerState
 from astraflow.log import TopicPartition, open_log
@@ -99,7 +99,7 @@ def log_section(backend: str, request: pytest.FixtureRequest) -> dict:
 def test_audit_accounts_for_every_fate(tmp_path: Path, log_section: dict, unique: str, faulty: bool) -> None:
     run_dir = tmp_path / "run"
     record_run(run_dir, log_section, f"audit{unique}", faulty)  # a trainer without recall: memory empty after resuming
-    with attach(run_dir) as run:
+    with open_run(run_dir) as run:
         report = audit_run(run)
     [main] = report.policies
     assert main.records == 14 + 2 * faulty and main.items == 14 + 2 * faulty
@@ -124,7 +124,7 @@ def test_audit_accounts_for_every_fate(tmp_path: Path, log_section: dict, unique
 def test_a_trainer_that_recalls_ids_after_resuming_drops_the_copies(tmp_path: Path, log_section: dict, unique: str) -> None:
     run_dir = tmp_path / "run"
     record_run(run_dir, log_section, f"audit{unique}", faulty=True, recall_window=3)  # offsets 2..4 recalled: g2 included
-    with attach(run_dir) as run:
+    with open_run(run_dir) as run:
         [main] = audit_run(run).policies
     assert main.trained_twice == [] and main.copies_dropped == 2
     assert main.lost == ["g8/0", "g8/1"]

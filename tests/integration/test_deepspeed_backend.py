@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
 
 from astraflow.config import parse_config
-from astraflow.training.backends import build_backend
+from astraflow.training.learner import build_backend
 from astraflow.training.checkpoint import CheckpointStore, TrainerState
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model

@@ -16,7 +16,7 @@ from astraflow.config import parse_config
 from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition
 from astraflow.producers.rollout import send_outcome
-from astraflow.producers.workflows import TaskOutcome
+from astraflow.producers.workflows.base import TaskOutcome
 from astraflow.schemas.records import DeadLetter, RolloutTask, Trajectory
 from tests.unit.test_stream_operators import traj
 

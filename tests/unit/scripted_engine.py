@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from astraflow.engines.token_engine import TurnSample
+from astraflow.engines.base import TurnSample
 
 
 class ScriptedEngine:

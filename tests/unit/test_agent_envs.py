@@ -11,7 +11,8 @@ from astraflow.envs.base import EnvError
 from astraflow.tasks.code.env import CodeEnv
 from astraflow.envs.http import HttpEnv
 from astraflow.tasks.rooms.env import DIRECTIONS, RoomsEnv, RoomsLayout, layout_from_reference
-from astraflow.envs.server import EnvServer, rooms_factory
+from astraflow.envs.server import EnvServer
+from astraflow.tasks.rooms.server import rooms_factory
 from astraflow.sandbox import BACKENDS, SandboxError, SandboxLimits, probe
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.code.programs import parse_reference, program_problems

@@ -20,7 +20,7 @@ from astraflow.errors import ConfigError
 from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
-from astraflow.producers.workflows import Provenance
+from astraflow.producers.workflows.base import Provenance
 from astraflow.tasks.datasets import task_alphabet, task_demonstration
 from astraflow.tasks.search.facts import SEARCH_SHARE, fact_problems
 from astraflow.tasks.rooms.data import room_problems

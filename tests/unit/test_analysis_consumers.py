@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from astraflow.cli import app
-from astraflow.attach import attach
+from astraflow.attach import open_run
 from astraflow.analysis.export import export_topic
 from astraflow.analysis.report_data import gather
 from astraflow.analysis.report_page import write_report_files
@@ -36,7 +36,7 @@ def recorded(tmp_path: Path) -> RecordedRun:
 
 
 def test_stats_numbers(recorded: RecordedRun) -> None:
-    with attach(recorded.run_dir) as run:
+    with open_run(recorded.run_dir) as run:
         stats = collect_stats(run, window_s=60)
     by_topic = {row.topic: row for row in stats.throughput}
     assert by_topic[f"{RUN}.trajectories.main"].appended == 12
@@ -75,7 +75,7 @@ def test_analysis_leaves_the_live_run_undisturbed(recorded: RecordedRun, tmp_pat
                 break
             member.poll(max_records=1, timeout=0.1)
         before = log.group_offsets()
-        with attach(recorded.run_dir) as run:
+        with open_run(recorded.run_dir) as run:
             collect_stats(run)
         gather(recorded.run_dir)
         export_topic(log, topic, "jsonl", tmp_path / "t.jsonl")

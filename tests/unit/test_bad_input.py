@@ -19,7 +19,7 @@ from astraflow.config import parse_config
 from astraflow.context import ComponentContext
 from astraflow.errors import RewardError
 from astraflow.log import Message, TopicPartition
-from astraflow.producers.workflows import score
+from astraflow.producers.workflows.base import score
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats
 from astraflow.schemas.store import packaged_schemas

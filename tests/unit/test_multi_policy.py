@@ -15,7 +15,8 @@ from astraflow.launch.launcher import plan
 from astraflow.evaluation.judged import pick
 from astraflow.producers.workflows.collab import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
 from astraflow.producers.feeder import PolicyBudget, policy_budgets
-from astraflow.producers.workflows import Provenance, build_run_workflow
+from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_reward, judgement
 from astraflow.tasks.datasets import load_policy_split

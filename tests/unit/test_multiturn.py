@@ -12,11 +12,13 @@ from astraflow.config import AgentConfig
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
 from astraflow.envs.episodes import AgentLimits
 from astraflow.tasks.rooms.env import RoomsLayout
-from astraflow.envs.server import EnvServer, rooms_factory
+from astraflow.envs.server import EnvServer
+from astraflow.tasks.rooms.server import rooms_factory
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import build_char_tokenizer
 from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
-from astraflow.producers.workflows import Provenance, build_workflow
+from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.factory import build_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.search.facts import ALPHABET, fact_problems
 from tests.unit.scripted_engine import ScriptedEngine

@@ -24,8 +24,8 @@ from astraflow.envs.episodes import AgentLimits
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.engines.torch_engine import TorchEngine
 from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
-from astraflow.engines.token_engine import TorchTokenEngine, TurnSample
-from astraflow.producers.workflows import Provenance
+from astraflow.engines.base import TurnSample
+from astraflow.producers.workflows.base import Provenance
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.streams.operators import Group, validate
@@ -52,7 +52,7 @@ class Chatter(EpisodeEnv):
 class RecordingEngine:
     """The real engine, recording every (version, context, sample); the version moves after each turn."""
 
-    def __init__(self, inner: TorchTokenEngine) -> None:
+    def __init__(self, inner: TorchEngine) -> None:
         self.inner = inner
         self.calls: list[tuple[int, np.ndarray, TurnSample]] = []
 
@@ -67,7 +67,7 @@ class RecordingEngine:
     def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False) -> list[TurnSample]:
         samples = self.inner.generate_ids(contexts, max_new_tokens, temperature, greedy)
         self.calls += [(self.version, np.array(c), s) for c, s in zip(contexts, samples)]
-        self.inner.engine.version += 1  # as if a new weight version arrived between two turns
+        self.inner.version += 1  # as if a new weight version arrived between two turns
         return samples
 
 
@@ -85,7 +85,7 @@ def model_and_tokenizer():
 def rollout(model_and_tokenizer) -> tuple[list[Trajectory], RecordingEngine]:
     model, tokenizer = model_and_tokenizer
     torch.manual_seed(0)
-    engine = RecordingEngine(TorchTokenEngine(TorchEngine(model, tokenizer, version=10), seed=0))
+    engine = RecordingEngine(TorchEngine(model, tokenizer, version=10, seed=0))
     tasks = [RolloutTask(f"p{i}@0", f"p{i}", f"p{i}@0", "chat", "", "", 4, 0, 0) for i in range(3)]
     outcomes = MultiTurnWorkflow("main", lambda t, i: Chatter(), LIMITS, temperature=1.0).run_batch({"main": engine}, tasks, PROVENANCE)
     assert all(o.error is None for o in outcomes)

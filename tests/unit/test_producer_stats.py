@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.attach import attach
+from astraflow.attach import open_run
 from astraflow.analysis.producer_stats import ProducerTally, producer_rows
 from astraflow.analysis.stats import collect_stats
 from astraflow.schemas.records import Metric
@@ -49,6 +49,6 @@ def test_tally_keeps_the_newest_scaler_decision() -> None:
 
 def test_stats_show_the_producers_of_a_recorded_run(tmp_path: Path) -> None:
     recorded = record_run(tmp_path / "run")
-    with attach(recorded.run_dir) as run:
+    with open_run(recorded.run_dir) as run:
         rows = collect_stats(run).producers
     assert [(r.producer, r.version_lag, r.mean_version_lag) for r in rows] == [("rollout-a", 0, 1 / 3), ("rollout-b", 1, 1)]

@@ -12,10 +12,10 @@ import pytest
 from fastavro import schemaless_writer
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.attach import attach
+from astraflow.attach import open_run
 from astraflow.launch.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
 from astraflow.errors import ConfigError
-from astraflow.launch.replay import IDLE_S, ReplayMonitor, check_compatible, open_source, parse_time_ms, replay_config
+from astraflow.launch.replay import IDLE_S, ReplayMonitor, check_compatible, parse_time_ms, replay_config
 from astraflow.log import TopicPartition, TopicSpec, open_log
 from astraflow.schemas.codec import MAGIC
 from astraflow.schemas.store import LogSchemaStore, writer_schema
@@ -115,12 +115,12 @@ def _config(**raw: object):
     ],
 )
 def test_incompatible_replay_configs_fail(recorded: RecordedRun, tmp_path: Path, raw: dict, message: str) -> None:
-    with attach(recorded.run_dir) as source, pytest.raises(ConfigError, match=message):
+    with open_run(recorded.run_dir) as source, pytest.raises(ConfigError, match=message):
         check_compatible(_config(**raw), tmp_path / "new", source)
 
 
 def test_replay_into_the_source_directory_fails(recorded: RecordedRun, tmp_path: Path) -> None:
-    with attach(recorded.run_dir) as source:
+    with open_run(recorded.run_dir) as source:
         assert check_compatible(_config(), tmp_path / "new", source) == TOPIC
         with pytest.raises(ConfigError, match="the source run's directory"):
             check_compatible(_config(), recorded.run_dir, source)
@@ -128,8 +128,8 @@ def test_replay_into_the_source_directory_fails(recorded: RecordedRun, tmp_path:
 
 def test_source_backend_override_and_time_parsing(recorded: RecordedRun) -> None:
     with pytest.raises(ConfigError, match="bootstrap is required"):
-        open_source(recorded.run_dir, backend="kafka")
-    with open_source(recorded.run_dir) as source:
+        open_run(recorded.run_dir, backend="kafka")
+    with open_run(recorded.run_dir) as source:
         assert source.name == RUN
     assert parse_time_ms("1970-01-01T00:00:01+00:00", "--since") == 1000
     with pytest.raises(ConfigError, match="--until: 'yesterday'"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.training.backends import build_backend
+from astraflow.training.learner import build_backend
 from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
 from astraflow.training.step import PolicyExample, PolicyStepConfig
 from astraflow.errors import ConfigError
@@ -120,7 +120,7 @@ def test_simulated_learner_sleeps_its_step_and_leaves_the_weights() -> None:
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     slept: list[float] = []
     backend = SimulatedBackend(model, TrainTimeModel(0.5, 0.0, 0.001, 2), sleep=slept.append)
-    learner = backend.learner(model, 0, PolicyStepConfig())
+    learner = SimulatedLearner(model, 0, PolicyStepConfig(), backend)
     example = PolicyExample(np.arange(6, dtype=np.int32), np.arange(94, dtype=np.int32), np.zeros(94, np.float32), np.ones(94, np.uint8), 1.0)
     stats = learner.step([example] * 10)
     assert isinstance(learner, SimulatedLearner) and (learner.version, stats.version, stats.sequences) == (1, 1, 10)

@@ -8,7 +8,9 @@ import pytest
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.producers.workflows import Provenance, SingleTurnWorkflow, build_workflow
+from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.factory import build_workflow
+from astraflow.producers.workflows.single_turn import SingleTurnWorkflow
 from astraflow.schemas.records import RolloutTask
 
 PROVENANCE = Provenance("rollout-test-1", "eu", "cpu:x86_64x1")

@@ -39,8 +39,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from astraflow.engines.base import Engine
 from astraflow.errors import ConfigError
-from astraflow.producers.workflows import Provenance, SingleTurnWorkflow, TaskOutcome, Workflow
+from astraflow.producers.workflows.base import Provenance, TaskOutcome, Workflow
+from astraflow.producers.workflows.single_turn import SingleTurnWorkflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import exact_match_reward, extract_answer, judge_prompt, judge_reference, judge_reward
 
@@ -88,7 +90,7 @@ class AnswerJudgeWorkflow(Workflow):
         self.judgements = j.group_size
         self.policies = (answerer.policy, judge.policy)
 
-    def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
         answered = self.answer.run_batch(engines, [replace(t, group_size=self.answers) for t in tasks], provenance)
         judged_tasks: list[RolloutTask] = []
         owners: list[int] = []

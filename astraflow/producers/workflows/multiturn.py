@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from astraflow.config import AgentConfig
+from astraflow.engines.base import Engine
 from astraflow.envs.base import EnvFactory
 from astraflow.tasks.catalog import Environments, open_environments
 from astraflow.envs.episodes import AgentLimits, play
-from astraflow.engines.token_engine import TokenEngine, as_token_engine
-from astraflow.producers.workflows import Provenance, TaskOutcome, Workflow, make_trajectory
+from astraflow.producers.workflows.base import make_trajectory, Provenance, TaskOutcome, Workflow
 from astraflow.schemas.records import RolloutTask
 
 
@@ -33,15 +33,13 @@ class MultiTurnWorkflow(Workflow):
         self.limits = limits
         self.temperature = temperature
         self.greedy = greedy
-        self._engines: dict[int, TokenEngine] = {}
 
     def open(self) -> None:
         if isinstance(self.make_env, Environments):
             self.make_env.open()
 
-    def run_batch(self, engines: Mapping[str, object], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
-        raw = engines[self.policy]
-        engine = self._engines.setdefault(id(raw), as_token_engine(raw))
+    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+        engine = engines[self.policy]
         episodes, failed = play(engine, tasks, self.make_env, self.limits, self.temperature, self.greedy)
         outcomes = [TaskOutcome(task) for task in tasks]
         for pos, error in failed.items():

@@ -1,6 +1,6 @@
 """The optimizer side of a trainer, behind one small interface chosen by ``train.backend``.
 
-``PolicyTrainer`` owns the loss; a backend owns everything that touches parameters: the module
+``PolicyTrainer`` (``astraflow.training.step``) owns the loss; a backend owns everything that touches parameters: the module
 the forward pass runs through, ``backward``, the optimizer step with gradient clipping, and an
 optimizer object whose ``state_dict`` / ``load_state_dict`` ``CheckpointStore`` saves next to the
 model. That keeps the checkpoint contract one contract: model, optimizer, offsets, version in one
@@ -15,9 +15,6 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel
-
-    from astraflow.training.step import PolicyStepConfig, PolicyTrainer
 
 
 class OptimizerState(Protocol):
@@ -38,12 +35,6 @@ class TrainerBackend(ABC):
     def module(self) -> torch.nn.Module:
         """What to run the forward pass through (the model itself unless the backend wraps it)."""
         return self.model
-
-    def learner(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig) -> PolicyTrainer:
-        """What takes the trainer's steps over this backend: ``PolicyTrainer`` (the loss, then this optimizer)."""
-        from astraflow.training.step import PolicyTrainer
-
-        return PolicyTrainer(model, pad_id, config, backend=self)
 
     @abstractmethod
     def zero_grad(self) -> None:

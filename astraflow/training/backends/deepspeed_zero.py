@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.errors import MissingDependencyError
+from astraflow.rundir import cache_root
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +40,6 @@ INSTALL_HINT = "deepspeed is not installed: run `scripts/setup.sh deepspeed` (or
 def _prepare_environment() -> None:
     """Defaults for a single-process run: extension cache, accelerator, rendezvous of a world of one."""
     import torch
-
-    from astraflow.basemodel.cache import cache_root
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
     if not torch.cuda.is_available():

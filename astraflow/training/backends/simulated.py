@@ -74,7 +74,7 @@ class SimulatedLearner(PolicyTrainer):
 
 
 class SimulatedBackend(TrainerBackend):
-    """No optimizer work: ``learner`` is a ``SimulatedLearner`` that sleeps each step's modelled time.
+    """No optimizer work: its learner (``build_learner``) is a ``SimulatedLearner`` that sleeps each step's modelled time.
 
     ``sleep(simulated_seconds)`` defaults to ``time.sleep`` scaled by ``time_scale``; tests pass
     their own so they never wait on the wall clock.
@@ -88,9 +88,6 @@ class SimulatedBackend(TrainerBackend):
         self.optimizer = torch.optim.AdamW(model.parameters())  # never stepped: the checkpoint keeps its (empty) state
         self.time_model = time_model
         self.sleep = sleep or (lambda seconds: time.sleep(seconds * time_scale))
-
-    def learner(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig) -> SimulatedLearner:
-        return SimulatedLearner(model, pad_id, config, self)
 
     def zero_grad(self) -> None:
         """Nothing to forget: no gradients are computed."""

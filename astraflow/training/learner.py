@@ -1,0 +1,81 @@
+"""The learner of a trainer: the loss over an optimizer backend, chosen by ``train.backend``.
+
+``torch`` | ``deepspeed`` | ``simulated``: ``build_backend`` and ``build_learner`` are the only
+places that know the names; DeepSpeed is imported only when chosen. A ``Learner`` is what the
+trainer steps: ``PolicyTrainer`` (the PPO-clip loss, then the backend's optimizer step), or the
+simulated backend's ``SimulatedLearner``, which computes nothing and sleeps each step's modelled time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from astraflow.training.backends.base import OptimizerState, TrainerBackend
+from astraflow.training.backends.simulated import SimulatedLearner
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, StepStats
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from astraflow.config import DeepSpeedOptions, SimulatedTrainerOptions
+
+
+class Learner(Protocol):
+    """What a trainer steps: ``version`` counts optimizer steps; ``model`` holds the current weights."""
+
+    version: int
+    model: PreTrainedModel
+    optimizer: OptimizerState
+
+    def step(self, examples: Sequence[PolicyExample]) -> StepStats:
+        """One optimizer step on all of ``examples``; ``version`` grows by one."""
+
+
+def build_backend(
+    name: str,
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    max_grad_norm: float,
+    deepspeed: DeepSpeedOptions | None = None,
+    simulated: SimulatedTrainerOptions | None = None,
+) -> TrainerBackend:
+    """The backend ``name`` over ``model`` with an AdamW of these settings."""
+    if name == "torch":
+        from astraflow.training.backends.torch_adamw import TorchBackend
+
+        return TorchBackend(model, lr, betas, weight_decay, max_grad_norm)
+    if name == "deepspeed":
+        from astraflow.config import DeepSpeedOptions
+        from astraflow.training.backends.deepspeed_zero import DeepSpeedBackend
+
+        options = deepspeed or DeepSpeedOptions()
+        return DeepSpeedBackend(model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer)
+    if name == "simulated":
+        from astraflow.config import SimulatedTrainerOptions
+        from astraflow.training.backends.simulated import SimulatedBackend, TrainTimeModel
+
+        options = simulated or SimulatedTrainerOptions()
+        return SimulatedBackend(model, TrainTimeModel.from_options(options), options.time_scale)
+    raise ValueError(f"unknown trainer backend {name!r}; choose 'torch', 'deepspeed' or 'simulated'")
+
+
+def build_learner(
+    name: str,
+    model: PreTrainedModel,
+    pad_id: int,
+    config: PolicyStepConfig,
+    *,
+    deepspeed: DeepSpeedOptions | None = None,
+    simulated: SimulatedTrainerOptions | None = None,
+) -> Learner:
+    """The learner of backend ``name`` over ``model``, with the optimizer settings of ``config``."""
+    backend = build_backend(name, model, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+                            max_grad_norm=config.max_grad_norm, deepspeed=deepspeed, simulated=simulated)
+    if name == "simulated":
+        return SimulatedLearner(model, pad_id, config, backend)
+    return PolicyTrainer(model, pad_id, config, backend=backend)
