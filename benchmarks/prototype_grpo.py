@@ -97,7 +97,7 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
     model, tokenizer = load_policy(base)
     engine = TorchEngine(model, tokenizer, seed=args.seed)
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(
-        lr=config.lr, warmup_steps=config.warmup_steps, decay_steps=config.decay_steps, betas=config.betas, temperature=config.temperature))
+        lr=config.lr, lr_warmup_steps=config.warmup_steps, lr_decay_steps=config.decay_steps, betas=config.betas, temperature=config.temperature))
     rng = random.Random(args.seed)
     em = evaluate_exact_match(model, tokenizer, heldout)
     curve = [{"step": 0, "seconds": 0.0, "cpu_seconds": 0.0, "heldout_em": em}]

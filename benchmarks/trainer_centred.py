@@ -30,13 +30,13 @@ from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.streams.operators import Group
 from astraflow.streams.pipeline import build_pipeline
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 
 
 def step_config(config: RunConfig) -> PolicyStepConfig:
     """The trainer's optimizer and loss settings for a policy's narrowed config (as ``consumers.trainer``)."""
     t = config.train
-    return PolicyStepConfig(lr=t.lr, warmup_steps=t.lr_warmup_versions, decay_steps=t.lr_decay_versions, min_lr_ratio=t.min_lr_ratio,
+    return PolicyStepConfig(lr=t.lr, lr_warmup_steps=t.lr_warmup_versions, lr_decay_steps=t.lr_decay_versions, min_lr_ratio=t.min_lr_ratio,
                             weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, temperature=config.rollout.temperature,
                             eps_low=t.clip_low, eps_high=t.clip_high)
 

@@ -155,7 +155,7 @@ def bound_child(spec: dict) -> dict:
     from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
     from astraflow.models.loading import load_policy
     from astraflow.engines.torch_engine import TorchEngine
-    from astraflow.tasks.arithmetic import read_jsonl
+    from astraflow.tasks.base import read_jsonl
 
     torch.set_num_threads(spec["threads"])
     model, tokenizer = load_policy(spec["base"])
@@ -193,7 +193,8 @@ def trl_child(spec: dict) -> dict:
 
     from astraflow.evaluation.heldout import evaluate_exact_match
     from astraflow.models.loading import load_policy
-    from astraflow.tasks.arithmetic import exact_match_reward, read_jsonl
+    from astraflow.tasks.arithmetic import exact_match_reward
+    from astraflow.tasks.base import read_jsonl
 
     torch.set_num_threads(spec["threads"])
     launched = spec["launched_epoch"]

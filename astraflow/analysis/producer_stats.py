@@ -22,9 +22,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from astraflow.metric_names import ROLLOUT_PREFIX, ROLLOUT_TRAJECTORIES, ROLLOUT_VERSION_LAG, SCALER_DESIRED_PRODUCERS
 from astraflow.schemas.records import Metric
-
-DESIRED = "scaler.desired_producers"
 
 
 @dataclass(frozen=True)
@@ -71,11 +70,11 @@ class ProducerTally:
         self._newest_ms = 0
 
     def observe(self, metric: Metric) -> None:
-        if metric.name == DESIRED:
+        if metric.name == SCALER_DESIRED_PRODUCERS:
             if self.decision is None or metric.created_ms >= self.decision.created_ms:
                 self.decision = ScalerDecision(int(metric.value), metric.labels.get("rule", ""), metric.labels.get("reason", ""), metric.created_ms)
             return
-        if not metric.name.startswith("rollout."):
+        if not metric.name.startswith(ROLLOUT_PREFIX):
             return
         instance = metric.labels.get("instance", metric.component)
         producer = self._producers[instance]
@@ -83,14 +82,14 @@ class ProducerTally:
         producer.hardware = metric.labels.get("hardware", producer.hardware)
         producer.last_seen_ms = max(producer.last_seen_ms, metric.created_ms)
         self._newest_ms = max(self._newest_ms, metric.created_ms)
-        if metric.name == "rollout.trajectories":
+        if metric.name == ROLLOUT_TRAJECTORIES:
             producer.counts[metric.labels.get("policy", "")] = int(metric.value)
             point = (metric.created_ms, sum(producer.counts.values()))
             if producer.history and producer.history[-1][0] == metric.created_ms:
                 producer.history[-1] = point  # the other policies of the same batch
             else:
                 producer.history.append(point)
-        elif metric.name == "rollout.version_lag":
+        elif metric.name == ROLLOUT_VERSION_LAG:
             producer.lags.append(metric.value)
 
     @property

@@ -10,6 +10,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from astraflow.metric_names import EVAL_ACCURACY, STREAM_GROUP_REWARD
+
 
 def load_metrics(path: Path) -> dict[str, list[dict]]:
     """Metric rows grouped by metric name."""
@@ -33,8 +35,8 @@ def plot_overview(rows: dict[str, list[dict]], png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    acc = sorted(rows.get("eval.accuracy", []), key=lambda r: r["step"])
-    reward = sorted(rows.get("stream.group_reward", []), key=lambda r: r["wall_s"])
+    acc = sorted(rows.get(EVAL_ACCURACY, []), key=lambda r: r["step"])
+    reward = sorted(rows.get(STREAM_GROUP_REWARD, []), key=lambda r: r["wall_s"])
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for column, x_key, x_label in ((0, "wall_s", "wall time (s)"), (1, "step", "weight version")):
         top, bottom = axes[0][column], axes[1][column]

@@ -26,6 +26,13 @@ import numpy as np
 
 from astraflow.analysis.report import plot_overview, smooth
 from astraflow.analysis.report_data import ReportData
+from astraflow.metric_names import (
+    EVAL_ACCURACY,
+    ROLLOUT_SAMPLES_PER_S,
+    ROLLOUT_VERSION_LAG,
+    STREAM_GROUP_REWARD,
+    STREAM_STALENESS,
+)
 
 VIEWS = {
     "reward.png": "Reward by weight version and over time",
@@ -79,12 +86,12 @@ def _reward(data: ReportData, axes) -> None:
     else:
         _empty(left, "trajectories")
     left.set(xlabel="weight version (trajectory min_version)", ylabel="mean trajectory reward")
-    rows = sorted(data.metrics.get("stream.group_reward", []), key=lambda r: r["wall_s"])
+    rows = sorted(data.metrics.get(STREAM_GROUP_REWARD, []), key=lambda r: r["wall_s"])
     if rows:
         xs, ys = smooth([r["wall_s"] for r in rows], [r["value"] for r in rows], window=50)
         right.plot(xs, ys, color="tab:orange")
     else:
-        _empty(right, "stream.group_reward metrics")
+        _empty(right, f"{STREAM_GROUP_REWARD} metrics")
     right.set(xlabel="wall time (s)", ylabel="mean group reward (rolling 50)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -93,28 +100,28 @@ def _reward(data: ReportData, axes) -> None:
 def _accuracy(data: ReportData, axes) -> None:
     (ax,) = axes
     series: dict[str, list[dict]] = defaultdict(list)
-    for row in data.metrics.get("eval.accuracy", []):
+    for row in data.metrics.get(EVAL_ACCURACY, []):
         series[row["labels"].get("policy", "")].append(row)
     for policy, rows in sorted(series.items()):
         rows.sort(key=lambda r: r["step"])
         ax.plot([r["step"] for r in rows], [r["value"] for r in rows], marker="o", ms=3, label=policy or None)
     if not series:
-        _empty(ax, "eval.accuracy metrics")
+        _empty(ax, f"{EVAL_ACCURACY} metrics")
     ax.set(xlabel="weight version", ylabel="held-out exact match", ylim=(0, 1.02))
     ax.grid(alpha=0.3)
 
 
 def _staleness(data: ReportData, axes) -> None:
     left, right = axes
-    rows = sorted(data.metrics.get("stream.staleness", []), key=lambda r: r["wall_s"])
+    rows = sorted(data.metrics.get(STREAM_STALENESS, []), key=lambda r: r["wall_s"])
     if rows:
         values = [int(r["value"]) for r in rows]
         left.hist(values, bins=np.arange(min(values), max(values) + 2) - 0.5, rwidth=0.8)
         xs, ys = smooth([r["wall_s"] for r in rows], [float(v) for v in values], window=50)
         right.plot(xs, ys, color="tab:purple")
     else:
-        _empty(left, "stream.staleness metrics")
-        _empty(right, "stream.staleness metrics")
+        _empty(left, f"{STREAM_STALENESS} metrics")
+        _empty(right, f"{STREAM_STALENESS} metrics")
     left.set(xlabel="versions behind", ylabel="groups")
     right.set(xlabel="wall time (s)", ylabel="staleness (rolling 50)")
     for ax in axes:
@@ -134,13 +141,13 @@ def _throughput(data: ReportData, axes) -> None:
     else:
         _empty(left, "trajectory or sample records")
     left.set(xlabel="wall time (s)", ylabel="records/s appended")
-    _per_instance(right, data.metrics.get("rollout.samples_per_s", []), "rollout.samples_per_s metrics")
+    _per_instance(right, data.metrics.get(ROLLOUT_SAMPLES_PER_S, []), f"{ROLLOUT_SAMPLES_PER_S} metrics")
     right.set(xlabel="wall time (s)", ylabel="samples/s per producer")
 
 
 def _version_lag(data: ReportData, axes) -> None:
     (ax,) = axes
-    _per_instance(ax, data.metrics.get("rollout.version_lag", []), "rollout.version_lag metrics", step=True)
+    _per_instance(ax, data.metrics.get(ROLLOUT_VERSION_LAG, []), f"{ROLLOUT_VERSION_LAG} metrics", step=True)
     ax.set(xlabel="wall time (s)", ylabel="newest published version - version in use")
 
 
@@ -160,7 +167,7 @@ def _per_instance(ax, rows: list[dict], what: str, step: bool = False) -> None:
 
 
 def _page(data: ReportData, out: Path) -> str:
-    accuracy = data.latest("eval.accuracy")
+    accuracy = data.latest(EVAL_ACCURACY)
     facts = [
         ("run", data.run),
         ("data from", data.source),

@@ -27,9 +27,8 @@ from dataclasses import asdict, dataclass, field
 from astraflow.attach import AttachedRun, decode_snapshot, offsets_at
 from astraflow.analysis.producer_stats import ProducerRow, producer_rows
 from astraflow.log import Log
+from astraflow.metric_names import STREAM_DROPPED_PREFIX, STREAM_STALENESS
 from astraflow.schemas.records import DeadLetter, Metric, Trajectory
-
-DROP_PREFIX = "stream.dropped."
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
             recent_per_s=sum(ends[p] - recent[p] for p in ends) / window_s,
         ))
     stats.lag = group_lag(run.log, starts)
-    stats.staleness = dict(sorted(Counter(int(m.value) for m in metrics if m.name == "stream.staleness").items()))
+    stats.staleness = dict(sorted(Counter(int(m.value) for m in metrics if m.name == STREAM_STALENESS).items()))
     stats.drops = _drops(metrics)
     stats.producers = producer_rows(metrics, window_s)
     stats.rewards = _rewards(run)
@@ -146,8 +145,8 @@ def _drops(metrics: list[Metric]) -> dict[str, int]:
     """Newest cumulative count per (instance, reason), summed over instances."""
     newest: dict[tuple[str, str], Metric] = {}
     for metric in metrics:
-        if metric.name.startswith(DROP_PREFIX):
-            key = (metric.labels.get("instance", metric.component), metric.name.removeprefix(DROP_PREFIX))
+        if metric.name.startswith(STREAM_DROPPED_PREFIX):
+            key = (metric.labels.get("instance", metric.component), metric.name.removeprefix(STREAM_DROPPED_PREFIX))
             if key not in newest or metric.created_ms >= newest[key].created_ms:
                 newest[key] = metric
     totals: Counter[str] = Counter()

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from astraflow.training.step import PolicyExample, collate, response_logprobs
 from astraflow.envs.episodes import Transcript
 from astraflow.evaluation.heldout import evaluate_exact_match
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 
 logger = logging.getLogger(__name__)
 

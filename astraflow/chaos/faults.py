@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from astraflow.errors import AstraFlowError
+from astraflow.metric_names import EVAL_ACCURACY, LAUNCHER_RESTARTS, TRAIN_VERSION
 from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -98,11 +99,11 @@ class RunProbe:
         self._offset += len(complete)
         for line in complete.splitlines():
             row = json.loads(line)
-            if row["name"] == "train.version":
+            if row["name"] == TRAIN_VERSION:
                 self.version = max(self.version, int(row["value"]))
-            elif row["name"] == "eval.accuracy":
+            elif row["name"] == EVAL_ACCURACY:
                 self.accuracy.setdefault(int(row["step"]), float(row["value"]))
-            elif row["name"] == "launcher.restarts":
+            elif row["name"] == LAUNCHER_RESTARTS:
                 self.restarts[row["labels"]["kind"]] += 1
 
 

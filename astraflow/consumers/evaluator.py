@@ -19,6 +19,7 @@ import threading
 import time
 
 from astraflow.context import ComponentContext
+from astraflow.metric_names import EVAL_ACCURACY, EVAL_SECONDS
 from astraflow.weights.follow import WeightFollower
 from astraflow.rundir import RunDir
 
@@ -72,8 +73,8 @@ class Evaluator:
         self.model.load_state_dict(state)
         accuracy = self.score()
         self.last_evaluated = version
-        self.ctx.metric("eval.accuracy", accuracy, version, policy=self.policy)
-        self.ctx.metric("eval.seconds", time.perf_counter() - started, version, policy=self.policy)
+        self.ctx.metric(EVAL_ACCURACY, accuracy, version, policy=self.policy)
+        self.ctx.metric(EVAL_SECONDS, time.perf_counter() - started, version, policy=self.policy)
         self.ctx.producer.flush()
         logger.info("version %d: held-out accuracy %.3f", version, accuracy)
         return accuracy

@@ -16,6 +16,7 @@ import threading
 
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError
+from astraflow.metric_names import eval_system
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class SystemEvaluator:
         self.scored = dict(self.versions)
         label = ",".join(f"{policy}={version}" for policy, version in self.versions.items())
         for name, value in vars(result).items():
-            self.ctx.metric(f"eval.system.{name}", value, self.versions[a.policy], versions=label)
+            self.ctx.metric(eval_system(name), value, self.versions[a.policy], versions=label)
         self.ctx.producer.flush()
         logger.info("versions %s: alone %.3f, judged %.3f (pass@k %.3f, judge %.3f)", label, result.alone, result.judged, result.pass_at_k, result.judge_accuracy)
 

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Message, TopicPartition
+from astraflow.metric_names import TRAIN_VERSION, train_metric
 from astraflow.training.checkpoint import RECALL_WINDOW
 from astraflow.schemas.records import TrainSample
 from astraflow.weights.publish import WeightPublisher
@@ -94,8 +95,8 @@ class Trainer:
         model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
         step_config = PolicyStepConfig(
             lr=cfg.lr,
-            warmup_steps=cfg.lr_warmup_versions,
-            decay_steps=cfg.lr_decay_versions,
+            lr_warmup_steps=cfg.lr_warmup_versions,
+            lr_decay_steps=cfg.lr_decay_versions,
             min_lr_ratio=cfg.min_lr_ratio,
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
@@ -130,7 +131,7 @@ class Trainer:
             consumer.seek(tp, self.offsets.get(tp.partition, 0))
         version = self.learner.version
         self.publisher.publish(self.learner.model.state_dict(), version)
-        ctx.metric("train.version", version, version, policy=self.policy)
+        ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
         ctx.producer.flush()
         waited = 0.0
         try:
@@ -210,7 +211,7 @@ class Trainer:
                    "staleness_max": max(staleness), "samples": self.trained_samples, "weights_bytes": manifest.total_bytes,
                    "weights_changed_fraction": changed, **stats.loss_stats}
         for name, value in figures.items():
-            ctx.metric(f"train.{name}", value, version, policy=self.policy)
-        ctx.metric("train.version", version, version, policy=self.policy)
+            ctx.metric(train_metric(name), value, version, policy=self.policy)
+        ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
         ctx.producer.flush()
         logger.info("version %d: loss %.4f, grad norm %.3f, %d samples, %.2f s", version, stats.loss, stats.grad_norm, len(batch), stats.seconds)

@@ -18,7 +18,8 @@ from astraflow.envs.episodes import AgentLimits, play
 from astraflow.models.sampling import sample
 from astraflow.engines.base import TurnSample
 from astraflow.schemas.records import RolloutTask
-from astraflow.tasks.arithmetic import Problem, exact_match_reward
+from astraflow.tasks.arithmetic import exact_match_reward
+from astraflow.tasks.base import Problem
 
 
 def evaluate_exact_match(

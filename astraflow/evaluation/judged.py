@@ -19,7 +19,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from astraflow.models.sampling import sample
-from astraflow.tasks.arithmetic import Problem, exact_match_reward, extract_answer, judge_prompt, judgement
+from astraflow.tasks.arithmetic import exact_match_reward, extract_answer, judge_prompt, judgement
+from astraflow.tasks.base import Problem
 
 
 @dataclass(frozen=True)

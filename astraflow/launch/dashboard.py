@@ -9,6 +9,8 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from astraflow.metric_names import STREAM_STALENESS, TRAIN_STEP_SECONDS
+
 
 class Dashboard:
     """Renders a ``RunMonitor``'s state; disabled, it renders nothing (for tests and pipes)."""
@@ -40,8 +42,8 @@ class Dashboard:
             ("weight version", str(m.version)),
             ("held-out accuracy", "-" if latest is None else f"{latest:.3f} (base {base if base is None else f'{base:.3f}'}, best {max(acc.values()):.3f})"),
             ("mean group reward (last 200)", "-" if reward is None else f"{reward:.3f}"),
-            ("staleness (versions)", f"{m.latest.get('stream.staleness', 0):.0f}"),
-            ("trainer step time", f"{m.latest.get('train.step_seconds', 0):.2f} s"),
+            ("staleness (versions)", f"{m.latest.get(STREAM_STALENESS, 0):.0f}"),
+            ("trainer step time", f"{m.latest.get(TRAIN_STEP_SECONDS, 0):.2f} s"),
         ]
         rows += [(f"records/s {name}", f"{rate:.0f}") for name, rate in m.rates.items()]
         decision = m.producers.decision

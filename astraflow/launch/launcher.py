@@ -42,6 +42,7 @@ from astraflow.context import ComponentContext, open_run_log
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.launch.monitor import RunMonitor
 from astraflow.launch.pool import ProducerPool
+from astraflow.metric_names import LAUNCHER_RESTARTS
 from astraflow.scaler.rule import capped
 from astraflow.topics import RunTopics
 from astraflow.rundir import RunDir
@@ -141,7 +142,8 @@ class RestartRecorder:
         self.version = version
 
     def __call__(self, child: Child, code: int) -> None:
-        self.ctx.metric("launcher.restarts", child.restarts, self.version(), child=child.name, kind=child.kind, exit_code=str(code))
+        self.ctx.metric(LAUNCHER_RESTARTS, child.restarts, self.version(), child=child.name, kind=child.kind,
+                        exit_code=str(code))
         try:
             self.ctx.producer.flush(timeout=5.0)
         except LogError as exc:

@@ -22,6 +22,7 @@ from astraflow.config import RunConfig
 from astraflow.analysis.producer_stats import ProducerTally
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Log, TopicPartition
+from astraflow.metric_names import EVAL_ACCURACY, EVAL_SYSTEM_PREFIX, STREAM_GROUP_REWARD, TRAIN_VERSION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
 from astraflow.topics import RunTopics
@@ -79,14 +80,15 @@ class RunMonitor:
             self.latest[metric.name] = metric.value
             self.producers.observe(metric)
             policy = metric.labels.get("policy", self.policies[0])
-            if metric.name == "eval.accuracy" and policy in self.policy_accuracy:
+            if metric.name == EVAL_ACCURACY and policy in self.policy_accuracy:
                 self.policy_accuracy[policy][metric.step] = metric.value
-            elif metric.name == "train.version" and policy in self.policy_versions:
+            elif metric.name == TRAIN_VERSION and policy in self.policy_versions:
                 self.policy_versions[policy] = max(self.policy_versions[policy], int(metric.value))
                 self.version = min(self.policy_versions.values())
-            elif metric.name.startswith("eval.system."):
-                self.system.setdefault(metric.labels.get("versions", str(metric.step)), {})[metric.name.removeprefix("eval.system.")] = metric.value
-            elif metric.name == "stream.group_reward":
+            elif metric.name.startswith(EVAL_SYSTEM_PREFIX):
+                figure = metric.name.removeprefix(EVAL_SYSTEM_PREFIX)
+                self.system.setdefault(metric.labels.get("versions", str(metric.step)), {})[figure] = metric.value
+            elif metric.name == STREAM_GROUP_REWARD:
                 self.rewards.append(metric.value)
         self.out.flush()
 

@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.log import TopicPartition
+from astraflow.metric_names import FEEDER_SKIPPED, FEEDER_SUBMITTED
 from astraflow.producers.curators import Curator, build_curator
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import PromptStats, RolloutTask
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -220,8 +221,8 @@ class TaskFeeder:
                     logger.warning("the %s curator skipped a whole pass of the dataset; waiting for feedback", self.curator.name)
                 self._stalled = stalled
                 if sent:
-                    ctx.metric("feeder.submitted", self.submitted, max(version, 0))
-                    ctx.metric("feeder.skipped", self.skipped, max(version, 0), curator=self.curator.name)
+                    ctx.metric(FEEDER_SUBMITTED, self.submitted, max(version, 0))
+                    ctx.metric(FEEDER_SKIPPED, self.skipped, max(version, 0), curator=self.curator.name)
                     ctx.producer.flush()
                     logger.info("submitted %d tasks (total %d, version %d)", sent, self.submitted, version)
                 slowest = min(followers, key=lambda policy: versions[policy])

@@ -43,6 +43,14 @@ import numpy as np
 
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError, LogError, RecordTooLargeError
+from astraflow.metric_names import (
+    ROLLOUT_BUSY_SECONDS,
+    ROLLOUT_MEAN_REWARD,
+    ROLLOUT_SAMPLES_PER_S,
+    ROLLOUT_TRAJECTORIES,
+    ROLLOUT_VERSION_LAG,
+    ROLLOUT_WEIGHTS_APPLIED_MS,
+)
 from astraflow.producers.workflows.base import Provenance, TaskOutcome
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask, Trajectory
@@ -84,7 +92,7 @@ class RolloutProducer:
             return
         version, state = pending
         self.engines[policy].load_state_dict(state, version)
-        self.ctx.metric("rollout.weights_applied_ms", now_ms() - follower.taken_published_ms, version, policy=policy)
+        self.ctx.metric(ROLLOUT_WEIGHTS_APPLIED_MS, now_ms() - follower.taken_published_ms, version, policy=policy)
         logger.info("applied weight version %d of %s", version, policy)
 
     def run(self, stop: threading.Event) -> None:
@@ -165,16 +173,16 @@ class RolloutProducer:
         elapsed = max(time.perf_counter() - started, 1e-6)
         self.busy_seconds += elapsed
         where = {"region": self.provenance.region, "hardware": self.provenance.hardware}
-        ctx.metric("rollout.busy_seconds", self.busy_seconds, min(e.version for e in self.engines.values()), **where)
+        ctx.metric(ROLLOUT_BUSY_SECONDS, self.busy_seconds, min(e.version for e in self.engines.values()), **where)
         for policy, values in rewards.items():
             version = self.engines[policy].version
             self.trajectories[policy] += len(values)
             labels = {"policy": policy, **where}
-            ctx.metric("rollout.samples_per_s", len(values) / elapsed, version, **labels)
-            ctx.metric("rollout.trajectories", self.trajectories[policy], version, **labels)
-            ctx.metric("rollout.version_lag", max(followers[policy].newest_version, 0) - version, version, **labels)
+            ctx.metric(ROLLOUT_SAMPLES_PER_S, len(values) / elapsed, version, **labels)
+            ctx.metric(ROLLOUT_TRAJECTORIES, self.trajectories[policy], version, **labels)
+            ctx.metric(ROLLOUT_VERSION_LAG, max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
-                ctx.metric("rollout.mean_reward", float(np.mean(values)), version, **labels)
+                ctx.metric(ROLLOUT_MEAN_REWARD, float(np.mean(values)), version, **labels)
 
 
 def send_outcome(ctx: ComponentContext, outcome: TaskOutcome) -> list[Trajectory]:

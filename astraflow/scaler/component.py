@@ -27,10 +27,10 @@ from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.scaler.rule import AutoScaler, Decision, ScalerWindow, capped
 from astraflow.log import TopicPartition
+from astraflow.metric_names import SCALER_DESIRED_PRODUCERS, SCALER_WAIT_FRACTION
 from astraflow.schemas.records import Metric
 
 logger = logging.getLogger(__name__)
-DESIRED = "scaler.desired_producers"
 
 
 class ScalerComponent:
@@ -85,13 +85,13 @@ class ScalerComponent:
         if decision.desired != previous:
             logger.info("desired producers %d -> %d: %s", previous, decision.desired, decision.reason)
         if observation.wait_fraction is not None:
-            self.ctx.metric("scaler.wait_fraction", observation.wait_fraction, self.decisions)
+            self.ctx.metric(SCALER_WAIT_FRACTION, observation.wait_fraction, self.decisions)
         inputs = {"producers": observation.producers, "steps": observation.steps, "wait_fraction": observation.wait_fraction,
                   "entered": observation.entered, "consumed": observation.consumed, "busy": observation.busy_fraction,
                   "waiting_s": observation.waiting_s,
                   "at_ms": at_ms, "started_ms": self.started_ms}
-        self.ctx.metric(DESIRED, decision.desired, self.decisions, rule=decision.rule, reason=decision.reason,
-                        bounds=f"{self.cfg.min_producers}-{self.cfg.max_producers}",
+        self.ctx.metric(SCALER_DESIRED_PRODUCERS, decision.desired, self.decisions, rule=decision.rule,
+                        reason=decision.reason, bounds=f"{self.cfg.min_producers}-{self.cfg.max_producers}",
                         **{key: "" if value is None else str(value) for key, value in inputs.items()})
         self.ctx.producer.flush()
         return decision

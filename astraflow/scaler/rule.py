@@ -38,9 +38,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from astraflow.config import ScalerConfig
+from astraflow.metric_names import (
+    ROLLOUT_BUSY_SECONDS,
+    ROLLOUT_PREFIX,
+    TRAIN_PREFIX,
+    TRAIN_STEP_SECONDS,
+    TRAIN_WAIT_SECONDS,
+)
 from astraflow.schemas.records import Metric
-
-ROLLOUT_PREFIX = "rollout."
 
 
 @dataclass(frozen=True)
@@ -137,16 +142,16 @@ class ScalerWindow:
     def add_metric(self, metric: Metric) -> None:
         """Take in one record of the metrics topic; records the scaler does not use are ignored."""
         instance = metric.labels.get("instance", metric.component)
-        if metric.name in ("train.wait_seconds", "train.step_seconds"):
+        if metric.name in (TRAIN_WAIT_SECONDS, TRAIN_STEP_SECONDS):
             key = (instance, metric.step)
             self._steps.setdefault(key, {})[metric.name] = metric.value
             self._step_ms[key] = max(self._step_ms.get(key, 0), metric.created_ms)
             self._trainer_ms = max(self._trainer_ms or 0, metric.created_ms)
-        elif metric.name.startswith("train.") and self._trainer_ms is None:
+        elif metric.name.startswith(TRAIN_PREFIX) and self._trainer_ms is None:
             self._trainer_ms = metric.created_ms
         elif metric.name.startswith(ROLLOUT_PREFIX):
             self._seen_ms[instance] = max(self._seen_ms.get(instance, 0), metric.created_ms)
-            if metric.name == "rollout.busy_seconds":
+            if metric.name == ROLLOUT_BUSY_SECONDS:
                 self._busy[instance].append((metric.created_ms, metric.value))
 
     def add_offsets(self, at_ms: int, entered_total: int, consumed_total: int) -> None:
@@ -158,8 +163,8 @@ class ScalerWindow:
         start = now_ms - self.window_ms
         self._forget(start)
         steps = [v for key, v in self._steps.items() if self._step_ms[key] >= start and len(v) == 2]
-        waited = sum(v["train.wait_seconds"] for v in steps)
-        total = waited + sum(v["train.step_seconds"] for v in steps)
+        waited = sum(v[TRAIN_WAIT_SECONDS] for v in steps)
+        total = waited + sum(v[TRAIN_STEP_SECONDS] for v in steps)
         waiting = 0.0
         if self._trainer_ms is not None and self._offsets and self._offsets[-1][1] - self._offsets[-1][2] < self.batch_samples:
             waiting = max(0, now_ms - max(start, self._trainer_ms)) / 1000

@@ -64,6 +64,7 @@ from faust.types import TP
 from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.log import Message
+from astraflow.metric_names import STREAM_FAUST_SKIPPED_RECORDS
 from astraflow.streams.faust_table import PendingTable, read_range, read_records, start_offset
 from astraflow.streams.operators import GroupBuffer
 from astraflow.streams.processing import GroupProcessor
@@ -364,7 +365,7 @@ class FaustStreamProcessor(GroupProcessor):
         logger.warning("faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
                        start, end - 1, tp.partition, len(missed))
         self.recovered += end - start
-        self.ctx.metric("stream.faust_skipped_records", self.recovered, version, policy=self.policy)
+        self.ctx.metric(STREAM_FAUST_SKIPPED_RECORDS, self.recovered, version, policy=self.policy)
         for message in missed:
             self._handle(message, version, buffer)
         app.consumer.ack_offsets(tp, range(start, end))

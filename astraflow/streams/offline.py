@@ -34,6 +34,7 @@ from astraflow.config import RunConfig
 from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, ConfigError, LogError
 from astraflow.log import Log, TopicPartition
+from astraflow.metric_names import STREAM_OFFLINE_GROUPS, STREAM_OFFLINE_USED_UP, stream_offline_dropped
 from astraflow.schemas.records import Trajectory
 from astraflow.streams.mixing import OfflineMixer
 from astraflow.streams.operators import Group, GroupBuffer, GroupOperator, run_pipeline, validate
@@ -126,12 +127,12 @@ class OfflineSource:
         if reason is not None:
             kind = reason.split(":", 1)[0]
             self.drops[kind] += 1
-            self.ctx.metric(f"stream.offline_dropped.{kind}", self.drops[kind], version, policy=self.policy)
+            self.ctx.metric(stream_offline_dropped(kind), self.drops[kind], version, policy=self.policy)
             return
         group.operators.append(f"offline:{self.mixer.topic}")
         self.mixer.feed(group)
         self.fed += 1
-        self.ctx.metric("stream.offline_groups", self.fed, version, policy=self.policy)
+        self.ctx.metric(STREAM_OFFLINE_GROUPS, self.fed, version, policy=self.policy)
 
     def _at_end(self) -> bool:
         assignment = [tp for tp in self.consumer.assignment() if tp.topic == self.mixer.topic]
@@ -144,7 +145,7 @@ class OfflineSource:
         if not self.mixer.loop:
             logger.info("offline topic %s used up after %d groups; no more offline samples", self.mixer.topic, self.fed)
             self.exhausted = True
-            self.ctx.metric("stream.offline_used_up", 1.0, version, policy=self.policy)
+            self.ctx.metric(STREAM_OFFLINE_USED_UP, 1.0, version, policy=self.policy)
             return
         self.passes += 1
         self.buffer = GroupBuffer()  # a new pass completes the same group ids again

@@ -27,6 +27,13 @@ from typing import Protocol
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
 from astraflow.log import Message
+from astraflow.metric_names import (
+    STREAM_ACCEPTED_GROUPS,
+    STREAM_GROUP_REWARD,
+    STREAM_REPLAYED_GROUPS,
+    STREAM_STALENESS,
+    stream_dropped,
+)
 from astraflow.schemas.records import PromptStats, TrainSample, Trajectory
 from astraflow.streams.advantage import mean_std
 from astraflow.streams.operators import Group, GroupBuffer, validate
@@ -115,24 +122,24 @@ class GroupProcessor:
             trajectory_ids=[t.trajectory_id for t in group.trajectories],
         )
         self.out.send(ctx.topics.feedback(), ctx.codec.encode(stats), key=first.prompt_id.encode())
-        ctx.metric("stream.group_reward", stats.mean_reward, version, policy=self.policy)
-        ctx.metric("stream.staleness", version - group.min_version, version, policy=self.policy)
+        ctx.metric(STREAM_GROUP_REWARD, stats.mean_reward, version, policy=self.policy)
+        ctx.metric(STREAM_STALENESS, version - group.min_version, version, policy=self.policy)
         if reason is not None:
             self._count_drop(reason.split(":", 1)[0], version)
             return False
         self.accepted += 1
-        ctx.metric("stream.accepted_groups", self.accepted, version, policy=self.policy)
+        ctx.metric(STREAM_ACCEPTED_GROUPS, self.accepted, version, policy=self.policy)
         return True
 
     def _count_drop(self, kind: str, version: int, count: int = 1) -> None:
         self.drops[kind] += count
-        self.ctx.metric(f"stream.dropped.{kind}", self.drops[kind], version, policy=self.policy)
+        self.ctx.metric(stream_dropped(kind), self.drops[kind], version, policy=self.policy)
 
     def _send(self, group: Group, version: int) -> None:
         ctx = self.ctx
         if group.replay:
             self.replayed += 1
-            ctx.metric("stream.replayed_groups", self.replayed, version, policy=self.policy)
+            ctx.metric(STREAM_REPLAYED_GROUPS, self.replayed, version, policy=self.policy)
         deadline = group.min_version + self.pipeline.max_staleness
         for trajectory, advantage in zip(group.trajectories, group.advantages):
             sample = TrainSample(

@@ -3,32 +3,21 @@
 Prompts look like ``"12+35="`` and answers like ``"47"``; both operands are in [10, 99], so there are
 8,100 problems and answers have two or three digits. The split is a seeded shuffle, so the same seed
 gives the same train/held-out files on every machine. The files are jsonl with one
-``{"prompt_id", "prompt", "answer"}`` object per line, the format the task feeder reads.
+``{"prompt_id", "prompt", "answer"}`` object per line (``tasks/base.py``), the format the task feeder reads.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from astraflow.errors import RewardError
+from astraflow.tasks.base import Problem
 
 ALPHABET = "0123456789+-*/=()<>?., \n"
 """The characters of the tiny model's tokenizer for this task (``astraflow.models.tiny``)."""
 
 OPERAND_RANGE = range(10, 100)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One prompt with its reference answer."""
-
-    prompt_id: str
-    prompt: str
-    answer: str
 
 
 def addition_problems(seed: int = 0, heldout_size: int = 500) -> tuple[list[Problem], list[Problem]]:
@@ -42,22 +31,6 @@ def addition_problems(seed: int = 0, heldout_size: int = 500) -> tuple[list[Prob
         raise ValueError(f"heldout_size must be in (0, {len(problems)}), got {heldout_size}")
     random.Random(seed).shuffle(problems)
     return problems[heldout_size:], problems[:heldout_size]
-
-
-def write_jsonl(path: str | Path, problems: Iterable[Problem]) -> Path:
-    """Write one problem per line; returns ``path``."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("w", encoding="utf-8") as handle:
-        for problem in problems:
-            handle.write(json.dumps(asdict(problem)) + "\n")
-    return target
-
-
-def read_jsonl(path: str | Path) -> list[Problem]:
-    """The problems written by ``write_jsonl``."""
-    with Path(path).open(encoding="utf-8") as handle:
-        return [Problem(**json.loads(line)) for line in handle if line.strip()]
 
 
 def extract_answer(response_text: str) -> str:

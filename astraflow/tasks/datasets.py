@@ -15,7 +15,8 @@ from typing import Literal
 from astraflow.config import RunConfig, TaskConfig
 from astraflow.errors import ConfigError
 from astraflow.tasks.arithmetic import ALPHABET as ARITHMETIC_ALPHABET
-from astraflow.tasks.arithmetic import Problem, addition_problems, judge_problems, judge_target, read_jsonl, write_jsonl
+from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_target
+from astraflow.tasks.base import Problem, read_jsonl, write_jsonl
 from astraflow.rundir import RunDir
 
 Split = Literal["train", "heldout"]

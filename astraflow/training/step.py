@@ -89,16 +89,16 @@ def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, temperature: f
     return torch.log_softmax(logits, -1).gather(-1, batch.response_ids[..., None]).squeeze(-1)
 
 
-def lr_factor(step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float) -> float:
+def lr_factor(step: int, lr_warmup_steps: int, lr_decay_steps: int, min_lr_ratio: float) -> float:
     """Multiplier of the peak lr at optimizer step ``step`` (0-based): linear warm-up, then cosine decay.
 
-    With ``decay_steps`` 0 the lr stays at its peak after warm-up.
+    With ``lr_decay_steps`` 0 the lr stays at its peak after warm-up.
     """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if not decay_steps:
+    if step < lr_warmup_steps:
+        return (step + 1) / lr_warmup_steps
+    if not lr_decay_steps:
         return 1.0
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    progress = min(1.0, (step - lr_warmup_steps) / lr_decay_steps)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -111,8 +111,8 @@ class PolicyStepConfig:
     """
 
     lr: float = 3e-4
-    warmup_steps: int = 30  # linear lr warm-up; a fresh AdamW's first steps move every weight by ~lr
-    decay_steps: int = 300  # cosine decay to min_lr_ratio * lr over this many steps after warm-up; 0: constant
+    lr_warmup_steps: int = 30  # linear lr warm-up; a fresh AdamW's first steps move every weight by ~lr
+    lr_decay_steps: int = 300  # cosine decay to min_lr_ratio * lr over this many steps after warm-up; 0: constant
     min_lr_ratio: float = 0.1
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0
@@ -189,7 +189,7 @@ class PolicyTrainer:
             total_loss += float(loss.detach())
             for name, value in vars(stats).items():
                 weighted[name] = weighted.get(name, 0.0) + value * stats.tokens
-        lr = config.lr * lr_factor(self.version, config.warmup_steps, config.decay_steps, config.min_lr_ratio)
+        lr = config.lr * lr_factor(self.version, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio)
         grad_norm = self.backend.step(lr)
         self.version += 1
         return StepStats(

@@ -93,7 +93,7 @@ def test_example_plays_trains_and_evaluates(example: str, tmp_path: Path) -> Non
         assert sum(t.reward_components["attempts"] for t in trajectories) >= sum(t.finish_reason != "length" for t in trajectories) > 0
 
     pipeline = build_pipeline(config.stream)
-    trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr=config.train.lr, warmup_steps=0))
+    trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr=config.train.lr, lr_warmup_steps=0))
     for step in range(2):
         examples = []
         for outcome in outcomes:

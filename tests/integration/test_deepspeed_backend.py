@@ -25,7 +25,7 @@ from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tin
 from astraflow.engines.torch_engine import TorchEngine
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
-STEP = PolicyStepConfig(lr=1e-2, warmup_steps=0, decay_steps=0, max_grad_norm=0.5, micro_batch_size=5)
+STEP = PolicyStepConfig(lr=1e-2, lr_warmup_steps=0, lr_decay_steps=0, max_grad_norm=0.5, micro_batch_size=5)
 STEPS = 4
 
 

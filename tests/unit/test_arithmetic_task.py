@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import RewardError
-from astraflow.tasks.arithmetic import addition_problems, exact_match_reward, read_jsonl, write_jsonl
+from astraflow.tasks.arithmetic import addition_problems, exact_match_reward
+from astraflow.tasks.base import read_jsonl, write_jsonl
 
 
 @pytest.mark.parametrize(

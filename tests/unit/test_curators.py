@@ -11,7 +11,7 @@ from astraflow.context import ComponentContext
 from astraflow.producers.curators import AcceptAll, FilterSolved, Greso, build_curator
 from astraflow.producers.feeder import TaskFeeder
 from astraflow.schemas.records import PromptStats
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 
 EASY, HARD, MIXED = (1.0, 0.0), (0.0, 0.0), (0.5, 0.5)  # (pass rate, reward std) of a group
 

@@ -215,7 +215,7 @@ def test_the_saved_config_loads_back_with_the_same_policies(tmp_path: Path) -> N
 def test_lockstep_tasks_carry_the_versions_producers_wait_for(tmp_path: Path) -> None:
     from astraflow.context import ComponentContext
     from astraflow.producers.feeder import TaskFeeder
-    from astraflow.tasks.arithmetic import Problem
+    from astraflow.tasks.base import Problem
 
     ctx = ComponentContext(load_config(EXAMPLE, {"mode": "lockstep", "stream.max_staleness": 0}), tmp_path, "feed")
     try:

@@ -206,7 +206,7 @@ def test_a_trainer_step_on_multi_turn_samples(rollout) -> None:
     trajectories, _ = rollout
     tokenizer = build_char_tokenizer(ALPHABET)
     model = build_tiny_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1))
-    trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(warmup_steps=0))
+    trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr_warmup_steps=0))
     examples = [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 1.0 - 2 * (i % 2)) for i, t in enumerate(trajectories)]
     stats = trainer.step(examples)
     assert stats.version == 1 and stats.tokens == sum(int(t.loss_mask.sum()) for t in trajectories) and np.isfinite(stats.loss)

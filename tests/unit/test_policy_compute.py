@@ -150,7 +150,7 @@ def test_lr_follows_the_version_so_a_resumed_trainer_keeps_its_schedule() -> Non
     example = PolicyExample(
         np.array([4, 5], np.int32), np.array([6, 1], np.int32), np.zeros(2, np.float32), np.ones(2, np.uint8), 1.0
     )
-    config = PolicyStepConfig(lr=1e-3, warmup_steps=4, decay_steps=10)
+    config = PolicyStepConfig(lr=1e-3, lr_warmup_steps=4, lr_decay_steps=10)
     fresh = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, config)
     resumed = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, config, version=9)
     assert fresh.step([example]).lr == pytest.approx(1e-3 * 0.25)

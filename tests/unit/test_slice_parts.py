@@ -16,7 +16,7 @@ from astraflow.errors import ConfigError
 from astraflow.log import Message
 from astraflow.producers.feeder import TaskFeeder
 from astraflow.schemas.records import TrainSample
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 from tests.unit.test_stream_operators import traj
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 
 FAMILIES: dict[str, tuple[Callable[[int, int, int], int], str, list[tuple[int, int]]]] = {
     "const": (lambda n, a, b: b, "{b}", [(0, b) for b in range(300)]),

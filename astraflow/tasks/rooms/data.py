@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from astraflow.tasks.rooms.env import RoomsEnv, RoomsLayout, layout_from_reference
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 
 
 def room_problems(seed: int, heldout_size: int, games: int = 2000, size: int = 3) -> tuple[list[Problem], list[Problem]]:

@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.tasks.arithmetic import Problem
+from astraflow.tasks.base import Problem
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 \n()[]{}=+-*/%<>!?.,:;_'\""
 """Characters of the agentic tasks' tokenizer (search, code, rooms); arithmetic keeps its own."""

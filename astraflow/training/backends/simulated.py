@@ -67,7 +67,7 @@ class SimulatedLearner(PolicyTrainer):
         self.sleep(seconds)
         self.simulated_seconds += seconds
         config = self.config
-        lr = config.lr * lr_factor(self.version, config.warmup_steps, config.decay_steps, config.min_lr_ratio)
+        lr = config.lr * lr_factor(self.version, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio)
         self.version += 1
         trained = int(sum(int(np.sum(example.loss_mask)) for example in examples))
         return StepStats(self.version, 0.0, 0.0, lr, len(examples), trained, time.perf_counter() - started, {"simulated_seconds": seconds})

@@ -1,0 +1,125 @@
+"""The ``stream`` section: the stream processor's pipeline and the task feeder's curators."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
+from astraflow.config.base import Section
+from astraflow.config.pipeline import (
+    ADVANTAGE_SPECS,
+    OperatorSpec,
+    ReplaySpec,
+    StalenessSpec,
+    ZeroVarianceSpec,
+    check_pipeline,
+)
+
+
+class AcceptAllCurator(Section):
+    type: Literal["accept_all"] = "accept_all"
+    """Submit every prompt."""
+
+
+class FilterSolvedCurator(Section):
+    type: Literal["filter_solved"] = "filter_solved"
+    """Stop submitting prompts whose EWMA pass rate exceeds a threshold."""
+    threshold: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Stop submitting a prompt once the EWMA of its pass rate exceeds this."""
+    alpha: float = Field(default=0.5, gt=0.0, le=1.0)
+    """EWMA weight of a prompt's newest group (1: only the last group counts)."""
+    min_groups: int = Field(default=1, ge=1)
+    """Groups of a prompt observed before it may be filtered."""
+
+
+class GresoCurator(Section):
+    type: Literal["greso"] = "greso"
+    """GRESO: skip prompts after zero-variance streaks with probability 1 − p^streak."""
+    p_easy: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Initial submit probability base after all-correct groups (submit with p_easy^streak)."""
+    p_hard: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Initial submit probability base after all-wrong groups (submit with p_hard^streak)."""
+    target_easy: float = Field(default=0.083, ge=0.0, le=1.0)
+    """Target share of groups that are all correct; p_easy falls while the share is at or above it."""
+    target_hard: float = Field(default=0.167, ge=0.0, le=1.0)
+    """Target share of groups that are all wrong; p_hard falls while the share is at or above it."""
+    step: float = Field(default=0.01, gt=0.0, le=0.5)
+    """Change of p_easy / p_hard after each adaptation window."""
+    p_min: float = Field(default=0.05, gt=0.0, le=1.0)
+    """Lower bound of p_easy and p_hard."""
+    p_max: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Upper bound of p_easy and p_hard."""
+    adapt_every: int = Field(default=64, ge=1)
+    """Groups of feedback per adaptation window (GRESO adapts once per training batch)."""
+    seed: int = 0
+    """Seed of the submit draws."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "GresoCurator":
+        if not self.p_min <= min(self.p_easy, self.p_hard) <= max(self.p_easy, self.p_hard) <= self.p_max:
+            raise ValueError(f"need p_min ({self.p_min}) <= p_easy, p_hard <= p_max ({self.p_max})")
+        return self
+
+
+CuratorSpec = Annotated[Union[AcceptAllCurator, FilterSolvedCurator, GresoCurator], Field(discriminator="type")]
+
+
+class StreamConfig(Section):
+    """The stream processor's pipeline and the feeder's curator.
+
+    ``pipeline`` lists the operators (``{op: name, ...params}``, see ``astraflow.config.pipeline``).
+    Without it, ``advantage`` and ``drop_zero_variance`` give the default pipeline
+    ``staleness → <advantage> → zero_variance``; with it, they must be left unset.
+    """
+
+    max_staleness: int = Field(default=2, ge=0)
+    """Drop a sample when trainer version − its oldest token version exceeds this (also the feeder's budget)."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    """Advantage estimator of the default pipeline (when ``pipeline`` is unset)."""
+    drop_zero_variance: bool = True
+    """Default pipeline: drop groups whose rewards are all equal (they carry no gradient)."""
+    pipeline: list[OperatorSpec] | None = None
+    """Operators in dataflow order: group operators, then mixers, then at most one ordering."""
+    curator: CuratorSpec = AcceptAllCurator()
+    """Which prompts the task feeder submits, from the PromptStats on the feedback topic."""
+    runtime: Literal["native", "faust"] | None = None
+    (
+        "What runs the pipeline: ``native`` (any log) or ``faust`` (Kafka only: faust agents, half-filled groups in a "
+        "changelog-backed table, exactly-once through Kafka transactions); unset: faust on Kafka, native on the "
+        "embedded log."
+    )
+
+    @model_validator(mode="after")
+    def _pipeline_is_runnable(self) -> "StreamConfig":
+        if self.pipeline is None:
+            return self
+        legacy = sorted({"advantage", "drop_zero_variance"} & self.model_fields_set)
+        if legacy:
+            raise ValueError(f"{', '.join(legacy)}: only for the default pipeline; write it into stream.pipeline")
+        try:
+            check_pipeline(self.pipeline)
+        except ValueError as exc:
+            raise ValueError(f"pipeline: {exc}") from exc
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_legacy(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """With a pipeline, the saved config leaves out the default pipeline's fields, so it loads again."""
+        data = handler(self)
+        if self.pipeline is not None:
+            data.pop("advantage", None)
+            data.pop("drop_zero_variance", None)
+        return data
+
+    def operators(self) -> list[OperatorSpec]:
+        """The pipeline as written, or the default one built from the legacy fields."""
+        if self.pipeline is not None:
+            return list(self.pipeline)
+        default: list[OperatorSpec] = [StalenessSpec(), ADVANTAGE_SPECS[self.advantage]()]
+        return default + [ZeroVarianceSpec()] if self.drop_zero_variance else default
+
+    @property
+    def replay_ratio(self) -> float:
+        """Fraction of emitted samples that are replayed (0 without a ``replay`` operator)."""
+        return next((spec.ratio for spec in self.operators() if isinstance(spec, ReplaySpec)), 0.0)

@@ -1,0 +1,74 @@
+"""The ``train`` section: the trainer's optimizer and its backends (DeepSpeed, simulated)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from astraflow.config.base import Section
+
+
+class DeepSpeedOptions(Section):
+    zero_stage: int = Field(default=2, ge=0, le=2)
+    """ZeRO stage: 0 (plain data parallel), 1 (optimizer states sharded), 2 (and gradients)."""
+    offload_optimizer: bool = False
+    """Keep the optimizer states on the CPU and step them there (DeepSpeedCPUAdam, compiled on first use)."""
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> "DeepSpeedOptions":
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage 1 or 2")
+        return self
+
+
+class SimulatedTrainerOptions(Section):
+    """``simulated``: the time model of one trainer, for capacity planning (docs/simulated_cluster.md).
+
+    A step takes ``step_seconds + Σ (sample_seconds + tokens · token_seconds) / devices`` over its
+    samples (prompt and response tokens), slept at ``time_scale``; the weights stay the base's and are
+    published as usual. Defaults stand for an 8B model on H100s (order of magnitude, not a measurement).
+    """
+
+    devices: int = Field(default=2, ge=1, le=65536)
+    """GPUs the trainer stands for (data parallel, ideal scaling)."""
+    sample_seconds: float = Field(default=0.0, ge=0.0, le=3600.0)
+    """Seconds of one sample on one device, whatever its length."""
+    token_seconds: float = Field(default=0.00016, ge=0.0, le=60.0)
+    """Seconds of one token on one device: forward and backward, and the forward that scores the old log-probs."""
+    step_seconds: float = Field(default=1.0, ge=0.0, le=3600.0)
+    """Seconds of each step whatever its size: optimizer update, gradient all-reduce."""
+    time_scale: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Wall seconds slept per simulated second; must equal ``engine.simulated.time_scale`` when both are simulated."""
+
+
+class TrainConfig(Section):
+    batch_samples: int = Field(default=256, ge=1)
+    """Samples (responses) per optimizer step; groups are never split across steps."""
+    lr: float = Field(default=3e-4, gt=0.0, le=1.0)
+    """Peak AdamW learning rate."""
+    lr_warmup_versions: int = Field(default=30, ge=0)
+    """Linear learning-rate warm-up over this many versions (optimizer steps)."""
+    lr_decay_versions: int = Field(default=300, ge=0)
+    """Cosine decay to ``min_lr_ratio * lr`` over this many versions after warm-up; 0 keeps it constant."""
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Floor of the cosine decay, as a fraction of ``lr``."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW weight decay."""
+    clip_low: float = Field(default=0.2, ge=0.0, le=1.0)
+    """PPO clip ε below 1."""
+    clip_high: float = Field(default=0.2, ge=0.0, le=10.0)
+    """PPO clip ε above 1 (raise it for DAPO's clip-higher, e.g. 0.28)."""
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    """Gradient clipping by global norm."""
+    checkpoint_every: int = Field(default=10, ge=1)
+    """Versions between atomic checkpoints (model, optimizer, consumed offsets, version)."""
+    threads: int = Field(default=1, ge=1, le=256)
+    """torch intra-op threads of the trainer process."""
+    backend: Literal["torch", "deepspeed", "simulated"] = "torch"
+    (
+        "Optimizer backend: ``torch`` (AdamW in this process), ``deepspeed`` (ZeRO, ``train.deepspeed``; on CPU with "
+        "gloo) or ``simulated`` (no compute: each step takes the time of ``train.simulated``; capacity planning)."
+    )
+    deepspeed: DeepSpeedOptions = DeepSpeedOptions()
+    simulated: SimulatedTrainerOptions = SimulatedTrainerOptions()

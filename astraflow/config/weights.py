@@ -1,0 +1,50 @@
+"""The ``weights`` section: how trained weights travel on the weights topic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from astraflow.config.base import Section
+
+
+class WeightsConfig(Section):
+    transfer_dtype: Literal["bf16", "fp32"] = "bf16"
+    """Element type of floating-point weights on the weights topic; every reader loads exactly these values."""
+    encoding: Literal["delta", "full"] = "delta"
+    """``delta``: sparse deltas of the changed elements against the previous version; ``full``: every version whole."""
+    full_sync_interval: int = Field(default=10, ge=1)
+    (
+        "With ``delta``: publish a full version at least every this many versions (and the first one), so readers that "
+        "missed a delta resync."
+    )
+    chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=32 * 1024 * 1024)
+    (
+        "Payload bytes per chunk (record or stored file); the weights topic's ``max.message.bytes`` is created to fit, "
+        "at most 32 MiB (Kafka clients take records up to 64 MiB)."
+    )
+    transport: Literal["inline", "store"] = "inline"
+    (
+        "``inline``: chunks travel on the weights topic; ``store``: chunks go to ``store`` and the topic carries only "
+        "manifests (claim check)."
+    )
+    store: str | None = Field(default=None, validate_default=True)
+    (
+        "With ``transport: store``: a directory or ``file://`` URI that every reader of the weights can also reach (a "
+        "relative path resolves against the trainer's working directory; manifests carry the absolute URI)."
+    )
+    keep_versions: int | None = Field(default=None, ge=1)
+    (
+        "Keep only the newest this many versions (plus the full version their deltas start from): older records are "
+        "deleted from the topic, older stored chunks from the store; ``None`` keeps all."
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _store_is_reachable(cls, store: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("transport") == "store" and not store:
+            raise ValueError("transport 'store' needs a directory or file:// URI for the chunks")
+        if store and "://" in store and not store.startswith("file://"):
+            raise ValueError(f"{store!r} is not a directory or file:// URI (no other object stores are supported)")
+        return store
