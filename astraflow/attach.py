@@ -19,9 +19,9 @@ from typing import Any
 from astraflow.config import RunConfig, load_config
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.log import Log, Message, TopicPartition, open_log
+from astraflow.rundir import RunDir
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.store import LogSchemaStore
-from astraflow.rundir import RunDir
 
 STALL_S = 10.0
 """A snapshot read gives up on partitions that return nothing for this long (e.g. a compacted tail)."""
@@ -58,7 +58,9 @@ class AttachedRun:
         self.close()
 
 
-def open_run(target: Path, run_dir: Path | None = None, *, backend: str | None = None, bootstrap: str | None = None) -> AttachedRun:
+def open_run(
+    target: Path, run_dir: Path | None = None, *, backend: str | None = None, bootstrap: str | None = None
+) -> AttachedRun:
     """Open the run named by ``target``: a run directory, or a YAML config (run dir from ``run_dir``
     or the default ``runs/<run>``). ``backend`` and ``bootstrap`` override the config's log (e.g. a
     Kafka run seen through another broker address). The one way analysis tools, replay and the
@@ -67,7 +69,9 @@ def open_run(target: Path, run_dir: Path | None = None, *, backend: str | None =
         directory = target
         config_path = RunDir(target).config
         if not config_path.exists():
-            raise ConfigError(f"{target}: no config.yaml here; give a run directory written by `astraflow run` or a config")
+            raise ConfigError(
+                f"{target}: no config.yaml here; give a run directory written by `astraflow run` or a config"
+            )
     elif target.is_file():
         config_path = target
         directory = run_dir

@@ -14,14 +14,22 @@ import typer
 from astraflow.broker.cli import broker_app
 from astraflow.rundir import RunDir
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="AstraFlow: RL for agentic LLMs on a durable Avro log.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="AstraFlow: RL for agentic LLMs on a durable Avro log."
+)
 app.add_typer(broker_app, name="broker")
 
 ConfigArg = Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Run config (YAML).")]
 RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory (default runs/<run name>).")]
-BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="Log backend: embedded or kafka (overrides log.backend).")]
-BootstrapOpt = Annotated[Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap servers (overrides log.bootstrap).")]
-PolicyOpt = Annotated[Optional[str], typer.Option("--policy", help="Which of the config's policies (required when it declares several).")]
+BackendOpt = Annotated[
+    Optional[str], typer.Option("--backend", help="Log backend: embedded or kafka (overrides log.backend).")
+]
+BootstrapOpt = Annotated[
+    Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap servers (overrides log.bootstrap).")
+]
+PolicyOpt = Annotated[
+    Optional[str], typer.Option("--policy", help="Which of the config's policies (required when it declares several).")
+]
 
 
 def _component(name: str, config: Path, run_dir: Optional[Path], backend: Optional[str], bootstrap: Optional[str]):
@@ -53,7 +61,9 @@ def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = Non
 
 
 @app.command()
-def feed(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
+def feed(
+    config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None
+) -> None:
     """Task feeder: dataset → tasks topic, within the staleness budget."""
     from astraflow.launch.process import run_component
     from astraflow.producers.feeder import TaskFeeder
@@ -71,22 +81,34 @@ def rollout(
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
     region: Annotated[str, typer.Option(help="Region label recorded on every trajectory.")] = "local",
-    hardware: Annotated[Optional[str], typer.Option(help="Hardware label recorded on every trajectory (default cpu:<arch>x<threads>).")] = None,
-    batch: Annotated[Optional[int], typer.Option(min=1, help="Tasks per generation (overrides rollout.prompts_per_generation).")] = None,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads of this producer (overrides rollout.threads).")] = None,
+    hardware: Annotated[
+        Optional[str], typer.Option(help="Hardware label recorded on every trajectory (default cpu:<arch>x<threads>).")
+    ] = None,
+    batch: Annotated[
+        Optional[int], typer.Option(min=1, help="Tasks per generation (overrides rollout.prompts_per_generation).")
+    ] = None,
+    threads: Annotated[
+        Optional[int], typer.Option(min=1, help="torch threads of this producer (overrides rollout.threads).")
+    ] = None,
 ) -> None:
     """Rollout producer: joins the pool at any time (after catching up on weights), leaves cleanly on SIGTERM."""
     from astraflow.launch.process import resolve_config, run_component
     from astraflow.producers.rollout import RolloutProducer
 
-    overrides = {key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value}
+    overrides = {
+        key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value
+    }
     cfg = resolve_config(config, backend, bootstrap, overrides)
     directory = run_dir or RunDir.default(cfg.run).root
-    run_component("rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region, hardware=hardware).run(stop))
+    run_component(
+        "rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region, hardware=hardware).run(stop)
+    )
 
 
 @app.command()
-def scale(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None) -> None:
+def scale(
+    config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None
+) -> None:
     """Scaler: trainer wait fraction → desired rollout producers, written to the metrics topic."""
     from astraflow.launch.process import run_component
     from astraflow.scaler.component import ScalerComponent
@@ -101,7 +123,12 @@ def stream(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
-    runtime: Annotated[Optional[str], typer.Option(help="Stream runtime: native (any log) or faust (Kafka only); overrides stream.runtime (default: faust on Kafka, native on the embedded log).")] = None,
+    runtime: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Stream runtime: native (any log) or faust (Kafka only); overrides stream.runtime (default: faust on Kafka, native on the embedded log)."
+        ),
+    ] = None,
     policy: PolicyOpt = None,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
@@ -118,7 +145,13 @@ def stream(
 
 
 @app.command()
-def train(config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None, policy: PolicyOpt = None) -> None:
+def train(
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    backend: BackendOpt = None,
+    bootstrap: BootstrapOpt = None,
+    policy: PolicyOpt = None,
+) -> None:
     """Trainer: train samples → optimizer steps → weight versions; checkpoints and resumes."""
     from astraflow.consumers.trainer import Trainer
     from astraflow.launch.process import run_component
@@ -135,7 +168,12 @@ def evaluate(
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
     policy: PolicyOpt = None,
-    system: Annotated[bool, typer.Option("--system", help="Evaluate the policies together (the workflow's system accuracy) instead of one policy.")] = False,
+    system: Annotated[
+        bool,
+        typer.Option(
+            "--system", help="Evaluate the policies together (the workflow's system accuracy) instead of one policy."
+        ),
+    ] = False,
 ) -> None:
     """Evaluator: held-out greedy exact match of each new weight version → metrics topic."""
     from astraflow.launch.process import run_component
@@ -158,7 +196,9 @@ def run(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
-    max_minutes: Annotated[Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")] = None,
+    max_minutes: Annotated[
+        Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")
+    ] = None,
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
@@ -170,40 +210,64 @@ def run(
     directory = run_dir or RunDir.default(cfg.run).root
     summary = launch(cfg, directory, dashboard=dashboard)
     typer.echo(f"run directory: {directory}")
-    typer.echo(f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in {summary['versions']} versions, {summary['wall_seconds']:.0f} s")
+    typer.echo(
+        f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in {summary['versions']} versions, {summary['wall_seconds']:.0f} s"
+    )
 
 
 @app.command()
 def replay(
     config: ConfigArg,
-    source: Annotated[Path, typer.Option("--source", exists=True, help="The source run: its directory (with config.yaml), or its config.")],
-    source_backend: Annotated[Optional[str], typer.Option("--source-backend", help="The source run's log backend (overrides its log.backend).")] = None,
-    source_bootstrap: Annotated[Optional[str], typer.Option("--source-bootstrap", help="The source run's Kafka bootstrap servers.")] = None,
-    from_offset: Annotated[Optional[int], typer.Option("--from-offset", min=0, help="Copy from this offset of every partition.")] = None,
-    since: Annotated[Optional[str], typer.Option(help="Copy the records appended at or after this ISO 8601 time.")] = None,
+    source: Annotated[
+        Path,
+        typer.Option("--source", exists=True, help="The source run: its directory (with config.yaml), or its config."),
+    ],
+    source_backend: Annotated[
+        Optional[str],
+        typer.Option("--source-backend", help="The source run's log backend (overrides its log.backend)."),
+    ] = None,
+    source_bootstrap: Annotated[
+        Optional[str], typer.Option("--source-bootstrap", help="The source run's Kafka bootstrap servers.")
+    ] = None,
+    from_offset: Annotated[
+        Optional[int], typer.Option("--from-offset", min=0, help="Copy from this offset of every partition.")
+    ] = None,
+    since: Annotated[
+        Optional[str], typer.Option(help="Copy the records appended at or after this ISO 8601 time.")
+    ] = None,
     until: Annotated[Optional[str], typer.Option(help="Copy the records appended before this ISO 8601 time.")] = None,
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
-    max_minutes: Annotated[Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")] = None,
+    max_minutes: Annotated[
+        Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")
+    ] = None,
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     """Train a fresh base model of CONFIG from the trajectories a SOURCE run logged (finished or live; the source is only read)."""
-    from astraflow.launch.process import resolve_config
     from astraflow.attach import open_run
-    from astraflow.launch.replay import parse_time_ms, replay as replay_run
+    from astraflow.launch.process import resolve_config
+    from astraflow.launch.replay import parse_time_ms
+    from astraflow.launch.replay import replay as replay_run
 
     cfg = resolve_config(config, backend, bootstrap, {"stop.max_minutes": max_minutes} if max_minutes else None)
-    span = {"from_offset": from_offset, "since_ms": parse_time_ms(since, "--since") if since else None,
-            "until_ms": parse_time_ms(until, "--until") if until else None}
+    span = {
+        "from_offset": from_offset,
+        "since_ms": parse_time_ms(since, "--since") if since else None,
+        "until_ms": parse_time_ms(until, "--until") if until else None,
+    }
     directory = run_dir or RunDir.default(cfg.run).root
     with open_run(source, backend=source_backend, bootstrap=source_bootstrap) as attached:
         summary = replay_run(cfg, attached, directory, span, dashboard=dashboard)
     section = summary["replay"]
     typer.echo(f"run directory: {directory}")
-    typer.echo(f"replayed {section['copied']} trajectories of {section['source_topic']} ({section['stop_reason'] or 'stopped'})")
-    typer.echo(f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} (best {summary['best_accuracy']:.3f}) "
-               f"in {summary['versions']} versions, {summary['wall_seconds']:.0f} s")
+    typer.echo(
+        f"replayed {section['copied']} trajectories of {section['source_topic']} ({section['stop_reason'] or 'stopped'})"
+    )
+    typer.echo(
+        f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} (best {summary['best_accuracy']:.3f}) "
+        f"in {summary['versions']} versions, {summary['wall_seconds']:.0f} s"
+    )
 
 
 @app.command()
@@ -212,12 +276,18 @@ def tail(
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory of an embedded log.")] = None,
     bootstrap: BootstrapOpt = None,
     group: Annotated[Optional[str], typer.Option(help="Consumer group (default: none, nothing committed).")] = None,
-    from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record instead of the end.")] = False,
+    from_beginning: Annotated[
+        bool, typer.Option("--from-beginning", help="Start at the oldest record instead of the end.")
+    ] = False,
     limit: Annotated[Optional[int], typer.Option(help="Stop after this many records.")] = None,
-    idle_timeout: Annotated[Optional[float], typer.Option(help="Stop after this many seconds without a record.")] = None,
+    idle_timeout: Annotated[
+        Optional[float], typer.Option(help="Stop after this many seconds without a record.")
+    ] = None,
     policy: Annotated[Optional[str], typer.Option(help="Only records of this policy.")] = None,
     min_version: Annotated[Optional[int], typer.Option(help="Only records of this weight version or newer.")] = None,
-    where: Annotated[Optional[list[str]], typer.Option(help="FIELD OP NUMBER, e.g. 'reward>0' (repeatable: all must hold).")] = None,
+    where: Annotated[
+        Optional[list[str]], typer.Option(help="FIELD OP NUMBER, e.g. 'reward>0' (repeatable: all must hold).")
+    ] = None,
 ) -> None:
     """Print the records of any topic as JSON lines (Avro decoded), optionally filtered."""
     from astraflow.analysis.record_filter import RecordFilter
@@ -230,24 +300,35 @@ def tail(
     select = RecordFilter.parse(policy, min_version, where or [])
     log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=RunDir(run_dir).log)
     with log:
-        for line in tail_topic(log, topic, group=group, from_beginning=from_beginning, limit=limit, idle_timeout=idle_timeout,
-                               select=select if select.active else None):
+        for line in tail_topic(
+            log,
+            topic,
+            group=group,
+            from_beginning=from_beginning,
+            limit=limit,
+            idle_timeout=idle_timeout,
+            select=select if select.active else None,
+        ):
             typer.echo(line)
 
 
 @app.command()
 def audit(
-    target: Annotated[Path, typer.Argument(help="Run directory (with the config.yaml that `astraflow run` saved) or run config.")],
+    target: Annotated[
+        Path, typer.Argument(help="Run directory (with the config.yaml that `astraflow run` saved) or run config.")
+    ],
     run_dir: RunDirOpt = None,
     bootstrap: BootstrapOpt = None,
-    versions: Annotated[bool, typer.Option("--versions", help="Also list how many trajectories each version trained.")] = False,
+    versions: Annotated[
+        bool, typer.Option("--versions", help="Also list how many trajectories each version trained.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Account for every trajectory: trained (version), filtered, dead-lettered or pending; exit 1 if any is lost or trained twice."""
     import json
 
-    from astraflow.attach import open_run
     from astraflow.analysis.audit import audit_run, format_report
+    from astraflow.attach import open_run
 
     with open_run(target, run_dir, bootstrap=bootstrap) as run:
         report = audit_run(run)
@@ -256,7 +337,9 @@ def audit(
         raise typer.Exit(1)
 
 
-RunTargetArg = Annotated[Path, typer.Argument(exists=True, help="Run directory (with its config.yaml), or the run's config (YAML).")]
+RunTargetArg = Annotated[
+    Path, typer.Argument(exists=True, help="Run directory (with its config.yaml), or the run's config (YAML).")
+]
 
 
 @app.command()
@@ -270,8 +353,8 @@ def stats(
     """Throughput, group lag, staleness, reward by version and drop reasons of a run (live or finished)."""
     import json
 
-    from astraflow.attach import open_run
     from astraflow.analysis.stats import collect_stats
+    from astraflow.attach import open_run
 
     with open_run(target, run_dir, bootstrap=bootstrap) as attached:
         snapshot = collect_stats(attached, window_s=window)
@@ -325,7 +408,9 @@ def export(
     typer.echo(f"{out}: {result.rows} records" + (f" (skipped: {skipped})" if skipped else ""))
 
 
-runs_app = typer.Typer(no_args_is_help=True, help="List, describe and delete runs (topics namespaced by run, and run directories).")
+runs_app = typer.Typer(
+    no_args_is_help=True, help="List, describe and delete runs (topics namespaced by run, and run directories)."
+)
 app.add_typer(runs_app, name="runs")
 RunsRootOpt = Annotated[Path, typer.Option("--root", help="Folder holding the run directories.")]
 
@@ -343,7 +428,9 @@ def runs_ls(root: RunsRootOpt = Path("runs"), bootstrap: BootstrapOpt = None) ->
 
 @runs_app.command("show")
 def runs_show(
-    run_name: Annotated[str, typer.Argument(metavar="RUN", help="Run directory, or run name under --root / on --bootstrap.")],
+    run_name: Annotated[
+        str, typer.Argument(metavar="RUN", help="Run directory, or run name under --root / on --bootstrap.")
+    ],
     root: RunsRootOpt = Path("runs"),
     bootstrap: BootstrapOpt = None,
 ) -> None:
@@ -358,7 +445,9 @@ def runs_show(
 
 @runs_app.command("rm")
 def runs_rm(
-    run_name: Annotated[str, typer.Argument(metavar="RUN", help="Run directory, or run name under --root / on --bootstrap.")],
+    run_name: Annotated[
+        str, typer.Argument(metavar="RUN", help="Run directory, or run name under --root / on --bootstrap.")
+    ],
     root: RunsRootOpt = Path("runs"),
     bootstrap: BootstrapOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from astraflow.config import RunConfig
 from astraflow.log import Log, Message, Producer, open_log
-from astraflow.schemas.codec import Codec
-from astraflow.schemas.store import LogSchemaStore
-from astraflow.schemas.records import DeadLetter, Metric
-from astraflow.topics import RunTopics
 from astraflow.rundir import RunDir
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import DeadLetter, Metric
+from astraflow.schemas.store import LogSchemaStore
+from astraflow.topics import RunTopics
 
 logger = logging.getLogger(__name__)
 RECORD_OVERHEAD_BYTES = 1024
@@ -76,7 +76,9 @@ class ComponentContext:
         """Queue a dead-letter record holding the raw bytes and why they could not be processed."""
         self.producer.send(self.topics.deadletter(), self.codec.encode(self.dead_letter_record(message, reason, error)))
 
-    def dead_letter_record(self, message: Message | None, reason: str, error: BaseException | None = None) -> DeadLetter:
+    def dead_letter_record(
+        self, message: Message | None, reason: str, error: BaseException | None = None
+    ) -> DeadLetter:
         """The dead-letter record for ``message``, counted and logged, for a caller that sends it
         itself (the faust stream runtime writes it in the transaction of the record it rejects)."""
         self.dead_letters += 1

@@ -75,5 +75,7 @@ class RunTopics:
             if spec.name in {self.weights(policy) for policy in self.policies}:
                 limit = log.describe_topic(spec.name).max_message_bytes
                 if limit < spec.max_message_bytes:
-                    raise ConfigError(f"weights.chunk_bytes: {chunk_bytes} needs records of {spec.max_message_bytes} bytes, but topic "
-                                      f"{spec.name!r} exists with max.message.bytes {limit}; lower chunk_bytes or recreate the topic")
+                    raise ConfigError(
+                        f"weights.chunk_bytes: {chunk_bytes} needs records of {spec.max_message_bytes} bytes, but topic "
+                        f"{spec.name!r} exists with max.message.bytes {limit}; lower chunk_bytes or recreate the topic"
+                    )

@@ -55,15 +55,28 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
         env["ASTRAFLOW_CACHE"] = str(work / f"cache-{name}")
     load_before = os.getloadavg()
     started = time.perf_counter()
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if result.returncode != 0:
         raise SystemExit(f"astraflow run {name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    warmup = json.loads((run_dir / "base" / "warmup.json").read_text()) if (run_dir / "base" / "warmup.json").is_file() else None
+    warmup = (
+        json.loads((run_dir / "base" / "warmup.json").read_text())
+        if (run_dir / "base" / "warmup.json").is_file()
+        else None
+    )
 
     def curve(metric: str) -> list[dict]:
-        return [{"seconds": row["wall_s"], "version": row["step"], "value": row["value"]} for row in sorted(rows, key=lambda r: r["wall_s"]) if row["name"] == metric]
+        return [
+            {"seconds": row["wall_s"], "version": row["step"], "value": row["value"]}
+            for row in sorted(rows, key=lambda r: r["wall_s"])
+            if row["name"] == metric
+        ]
 
     return {
         "example": name,
@@ -105,7 +118,11 @@ def sandbox_throughput(runs: int, workers: int) -> list[dict]:
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(one, range(runs)))
             elapsed = time.perf_counter() - started
-            entry[f"threads_{threads}"] = {"executions_per_s": runs / elapsed, "median_ms": 1000 * statistics.median(latencies), "runs": runs}
+            entry[f"threads_{threads}"] = {
+                "executions_per_s": runs / elapsed,
+                "median_ms": 1000 * statistics.median(latencies),
+                "runs": runs,
+            }
         entry["tests_batched_vs_one_run_each"] = tests_throughput(box, rounds=max(1, runs // 5))
         entry["loadavg_after"] = os.getloadavg()
         results.append(entry)
@@ -116,14 +133,19 @@ def tests_throughput(box, rounds: int, tests: int = 5) -> dict:
     """Tests/s of ``rounds`` programs with ``tests`` inputs each: one sandbox run per test, then one per program."""
     program, stdins = "n=int(input())\nprint(n*3+1)\n", [f"{i}\n" for i in range(tests)]
     expected = [f"{3 * i + 1}\n" for i in range(tests)]
-    ways = {"one_run_each": lambda: [box.run_python(program, stdin) for stdin in stdins], "batched": lambda: box.run_python_tests(program, stdins)}
+    ways = {
+        "one_run_each": lambda: [box.run_python(program, stdin) for stdin in stdins],
+        "batched": lambda: box.run_python_tests(program, stdins),
+    }
     entry = {"tests_per_program": tests, "programs": rounds}
     for way, run in ways.items():
         started = time.perf_counter()
         for _ in range(rounds):
             results = run()
             if [r.stdout for r in results] != expected:
-                raise RuntimeError(f"{box.name} {way}: wrong outputs {[r.stdout for r in results]} ({[r.describe() for r in results]})")
+                raise RuntimeError(
+                    f"{box.name} {way}: wrong outputs {[r.stdout for r in results]} ({[r.describe() for r in results]})"
+                )
         entry[f"{way}_tests_per_s"] = rounds * tests / (time.perf_counter() - started)
     entry["speedup"] = entry["batched_tests_per_s"] / entry["one_run_each_tests_per_s"]
     return entry
@@ -139,8 +161,19 @@ def plot(report: dict, path: Path) -> None:
     figure, axes = plt.subplots(1, len(runs) + 1, figsize=(5.5 * (len(runs) + 1), 4.2))
     for ax, run in zip(axes, runs):
         success, sampled = run["heldout_success"], run["sampled_reward"]
-        ax.plot([p["seconds"] for p in success], [p["value"] for p in success], "o-", label="held-out success (greedy, evaluator)")
-        ax.plot([p["seconds"] for p in sampled], [p["value"] for p in sampled], ".", alpha=0.5, label="sampled reward (rollout batches)")
+        ax.plot(
+            [p["seconds"] for p in success],
+            [p["value"] for p in success],
+            "o-",
+            label="held-out success (greedy, evaluator)",
+        )
+        ax.plot(
+            [p["seconds"] for p in sampled],
+            [p["value"] for p in sampled],
+            ".",
+            alpha=0.5,
+            label="sampled reward (rollout batches)",
+        )
         ax.set_title(f"{run['example']} (warm-up {run['warmup_seconds']:.0f} s, not shown)")
         ax.set_xlabel("seconds since the components started")
         ax.set_ylim(0, 1)
@@ -157,7 +190,9 @@ def plot(report: dict, path: Path) -> None:
     bars.bar(names, values, color="tab:green")
     bars.set_title("sandbox executions per second")
     bars.set_ylabel("executions / s")
-    figure.suptitle(f"AstraFlow agentic examples on {report['machine']['cpus']} CPUs (load avg at start {report['machine']['loadavg_at_start'][0]:.1f})")
+    figure.suptitle(
+        f"AstraFlow agentic examples on {report['machine']['cpus']} CPUs (load avg at start {report['machine']['loadavg_at_start'][0]:.1f})"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -170,10 +205,17 @@ def main() -> None:
     parser.add_argument("--sandbox-runs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--output", type=Path, default=RESULTS / "agentic.json")
-    parser.add_argument("--merge", action="store_true", help="replace only these examples' runs (and the sandbox figures) in an existing --output")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only these examples' runs (and the sandbox figures) in an existing --output",
+    )
     args = parser.parse_args()
 
-    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}, "args": {k: str(v) for k, v in vars(args).items()}}
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     report["sandbox"] = sandbox_throughput(args.sandbox_runs, args.workers)
     work = Path(tempfile.mkdtemp(prefix="astraflow-agentic-"))
     try:
@@ -186,14 +228,18 @@ def main() -> None:
         report["runs"] = kept + report["runs"]
     for run in report["runs"]:
         s = run["summary"]
-        print(f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} (final {s['final_accuracy']:.3f}) "
-              f"in {s['versions']} versions, {s['wall_seconds']:.0f} s after a {run['warmup_seconds']:.0f} s warm-up")
+        print(
+            f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} (final {s['final_accuracy']:.3f}) "
+            f"in {s['versions']} versions, {s['wall_seconds']:.0f} s after a {run['warmup_seconds']:.0f} s warm-up"
+        )
     for entry in report["sandbox"]:
         rates = {k: round(v["executions_per_s"], 1) for k, v in entry.items() if k.startswith("threads_")}
         print(f"sandbox {entry['backend']}: {rates or entry.get('error')} executions/s")
         if "tests_batched_vs_one_run_each" in entry:
             t = entry["tests_batched_vs_one_run_each"]
-            print(f"sandbox {entry['backend']}: {t['one_run_each_tests_per_s']:.1f} tests/s one run each, {t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x)")
+            print(
+                f"sandbox {entry['backend']}: {t['one_run_each_tests_per_s']:.1f} tests/s one run each, {t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x)"
+            )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
     plot(report, args.output.with_suffix(".png"))

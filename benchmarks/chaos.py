@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from astraflow.config import write_config_over
 
+from astraflow.config import write_config_over
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -53,13 +53,20 @@ def one_run(name: str, work: Path, bootstrap: str, args: argparse.Namespace, pla
 
     run_dir = work / name
     run_dir.mkdir(parents=True)
-    config = write_config(work / f"{name}.yaml", run=f"chaos-{name}-{os.getpid()}", eval={"every_versions": 5},
-                          log={"backend": "kafka", "bootstrap": bootstrap},
-                          stop={"max_minutes": args.minutes, "max_versions": args.versions, "target_accuracy": None})
+    config = write_config(
+        work / f"{name}.yaml",
+        run=f"chaos-{name}-{os.getpid()}",
+        eval={"every_versions": 5},
+        log={"backend": "kafka", "bootstrap": bootstrap},
+        stop={"max_minutes": args.minutes, "max_versions": args.versions, "target_accuracy": None},
+    )
     started = time.monotonic()
     with (run_dir / "launcher.out").open("wb") as out:
-        launcher = subprocess.Popen([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-                                    stdout=out, stderr=subprocess.STDOUT)
+        launcher = subprocess.Popen(
+            [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     injector = FaultInjector(run_dir, launcher, seed=args.seed, timeout_s=300)
     try:
         injector.run_schedule(plan, first_version=2, gaps=(1, 2), broker=broker, bootstrap=bootstrap)
@@ -70,7 +77,9 @@ def one_run(name: str, work: Path, bootstrap: str, args: argparse.Namespace, pla
             launcher.wait(timeout=120)
     if launcher.returncode != 0:
         raise RuntimeError(f"{name}: astraflow run failed: {(run_dir / 'launcher.out').read_text()[-3000:]}")
-    audit = subprocess.run([str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=600)
+    audit = subprocess.run(
+        [str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=600
+    )
     text = subprocess.run([str(ASTRAFLOW), "audit", str(run_dir)], capture_output=True, text=True, timeout=600).stdout
     (run_dir / "audit.txt").write_text(text)
     report = json.loads(audit.stdout)
@@ -96,9 +105,20 @@ def one_run(name: str, work: Path, bootstrap: str, args: argparse.Namespace, pla
         "trajectories": summary["trajectories"],
         "restarts": summary.get("restarts", {}),
         "faults": injector.report(),
-        "audit": {key: policy[key] for key in ("records", "items", "accounted", "trained", "filtered", "dead_lettered", "pending",
-                                               "copies_dropped")}
-                 | {"lost": len(policy["lost"]), "trained_twice": len(policy["trained_twice"]), "ok": report["ok"]},
+        "audit": {
+            key: policy[key]
+            for key in (
+                "records",
+                "items",
+                "accounted",
+                "trained",
+                "filtered",
+                "dead_lettered",
+                "pending",
+                "copies_dropped",
+            )
+        }
+        | {"lost": len(policy["lost"]), "trained_twice": len(policy["trained_twice"]), "ok": report["ok"]},
         "audit_text": text,
         "version_wall_s": {str(v): t for v, t in sorted(versions_at.items())},
         "load_average_at_end": os.getloadavg(),
@@ -114,19 +134,41 @@ def plot(clean: dict, faulty: dict, path: Path) -> None:
     fig, (acc, prog) = plt.subplots(1, 2, figsize=(12, 4.5))
     for run, style in ((clean, "-o"), (faulty, "-s")):
         points = sorted((int(v), a) for v, a in run["accuracy_by_version"].items())
-        acc.plot([v for v, _ in points], [a for _, a in points], style, label=f"{run['run']} (final {run['final_accuracy']:.3f})")
+        acc.plot(
+            [v for v, _ in points],
+            [a for _, a in points],
+            style,
+            label=f"{run['run']} (final {run['final_accuracy']:.3f})",
+        )
         times = sorted((t, int(v)) for v, t in run["version_wall_s"].items())
-        prog.plot([t for t, _ in times], [v for _, v in times], label=f"{run['run']} (v1-{run['versions']} in {training_span(run):.0f} s)")
+        prog.plot(
+            [t for t, _ in times],
+            [v for _, v in times],
+            label=f"{run['run']} (v1-{run['versions']} in {training_span(run):.0f} s)",
+        )
     colours = {"train": "C3", "stream": "C4", "rollout": "C2", "feed": "C5", "evaluate": "C6", "broker": "k"}
     for kind, colour in colours.items():  # each fault at the version the run had reached when it came
-        at = [(faulty["version_wall_s"][str(f["version"])], f["version"]) for f in faulty["faults"]
-              if f["kind"] == kind and str(f["version"]) in faulty["version_wall_s"]]
+        at = [
+            (faulty["version_wall_s"][str(f["version"])], f["version"])
+            for f in faulty["faults"]
+            if f["kind"] == kind and str(f["version"]) in faulty["version_wall_s"]
+        ]
         if at:
-            prog.scatter([t for t, _ in at], [v for _, v in at], color=colour, marker="X" if kind == "broker" else "v",
-                         s=80 if kind == "broker" else 40, zorder=3, label=f"kill -9 {kind}" if kind != "broker" else "broker restart")
+            prog.scatter(
+                [t for t, _ in at],
+                [v for _, v in at],
+                color=colour,
+                marker="X" if kind == "broker" else "v",
+                s=80 if kind == "broker" else 40,
+                zorder=3,
+                label=f"kill -9 {kind}" if kind != "broker" else "broker restart",
+            )
     acc.set(xlabel="weight version", ylabel="held-out exact match", title="accuracy: clean vs under faults")
-    prog.set(xlabel="wall seconds since launch", ylabel="weight version",
-             title=f"{len(faulty['faults'])} faults; lost {faulty['audit']['lost']}, trained twice {faulty['audit']['trained_twice']}")
+    prog.set(
+        xlabel="wall seconds since launch",
+        ylabel="weight version",
+        title=f"{len(faulty['faults'])} faults; lost {faulty['audit']['lost']}, trained twice {faulty['audit']['trained_twice']}",
+    )
     acc.legend(fontsize=8)
     prog.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -154,7 +196,8 @@ def summarize(clean: dict, faulty: dict) -> dict:
         "faults_training_seconds": training_span(faulty),
         "wall_overhead_seconds": training_span(faulty) - training_span(clean),
         "wall_overhead_fraction": training_span(faulty) / max(training_span(clean), 1e-9) - 1,
-        "wall_overhead_seconds_per_fault": (training_span(faulty) - training_span(clean)) / max(len(faulty["faults"]), 1),
+        "wall_overhead_seconds_per_fault": (training_span(faulty) - training_span(clean))
+        / max(len(faulty["faults"]), 1),
         "final_accuracy_difference": faulty["final_accuracy"] - clean["final_accuracy"],
         "runs": {"clean": clean, "faults": faulty},
     }
@@ -163,7 +206,12 @@ def summarize(clean: dict, faulty: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=40, help="Versions each run trains (stop.max_versions).")
-    parser.add_argument("--minutes", type=float, default=25.0, help="Wall-clock cap of each run (a safety net: the fault run must finish its schedule).")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=25.0,
+        help="Wall-clock cap of each run (a safety net: the fault run must finish its schedule).",
+    )
     parser.add_argument("--kills-per-kind", type=int, default=4)
     parser.add_argument("--broker-restarts", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -183,8 +231,10 @@ def main() -> None:
             faulty = one_run("faults", work, broker.bootstrap, args, plan, broker=broker)
         finally:
             broker.stop()
-    result = summarize(clean, faulty) | {"inputs": vars(args) | {"out": str(args.out), "schedule": plan},
-                                         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
+    result = summarize(clean, faulty) | {
+        "inputs": vars(args) | {"out": str(args.out), "schedule": plan},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot(clean, faulty, args.out.with_suffix(".png"))

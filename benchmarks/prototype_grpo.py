@@ -36,14 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from astraflow.basemodel.sft import supervised_warmup
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.evaluation.heldout import evaluate_exact_match
 from astraflow.models.loading import load_policy, save_policy
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.engines.torch_engine import TorchEngine
 from astraflow.streams.advantage import grpo_advantages, is_zero_variance
 from astraflow.tasks.arithmetic import addition_problems, exact_match_reward
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
 RESULTS = Path(__file__).parent / "results"
 ALPHABET = "0123456789+="
@@ -78,26 +78,56 @@ VARIANTS: dict[str, GrpoConfig] = {  # the sweep recorded in results/prototype_g
 
 def warm_up(args: argparse.Namespace, train: list, heldout: list) -> tuple[Path, dict]:
     """Supervised warm-up of a fresh tiny model to ``args.warmup_target`` held-out EM; saved to disk."""
-    spec = TinyModelSpec(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                         intermediate_size=4 * args.hidden, seed=args.seed)
+    spec = TinyModelSpec(
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        intermediate_size=4 * args.hidden,
+        seed=args.seed,
+    )
     tokenizer = build_char_tokenizer(ALPHABET)
     model = build_tiny_model(tokenizer, spec)
-    result = supervised_warmup(model, tokenizer, train, heldout, target_em=args.warmup_target,
-                               max_steps=args.warmup_max_steps, batch_size=args.warmup_batch,
-                               lr=args.warmup_lr, eval_every=args.warmup_eval_every, seed=args.seed)
+    result = supervised_warmup(
+        model,
+        tokenizer,
+        train,
+        heldout,
+        target_em=args.warmup_target,
+        max_steps=args.warmup_max_steps,
+        batch_size=args.warmup_batch,
+        lr=args.warmup_lr,
+        eval_every=args.warmup_eval_every,
+        seed=args.seed,
+    )
     print(f"warm-up: {result.steps} steps, {result.seconds:.1f}s, held-out EM {result.heldout_em:.3f}")
     base = save_policy(model, tokenizer, args.base)
-    return base, {"spec": asdict(spec), "steps": result.steps, "seconds": result.seconds,
-                  "heldout_em": result.heldout_em, "curve": result.curve, "lr": args.warmup_lr,
-                  "batch_size": args.warmup_batch, "target": args.warmup_target}
+    return base, {
+        "spec": asdict(spec),
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "heldout_em": result.heldout_em,
+        "curve": result.curve,
+        "lr": args.warmup_lr,
+        "batch_size": args.warmup_batch,
+        "target": args.warmup_target,
+    }
 
 
 def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: list, args: argparse.Namespace) -> dict:
     """GRPO from the base checkpoint until held-out EM ≥ ``args.target`` or the time budget is spent."""
     model, tokenizer = load_policy(base)
     engine = TorchEngine(model, tokenizer, seed=args.seed)
-    trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(
-        lr=config.lr, lr_warmup_steps=config.warmup_steps, lr_decay_steps=config.decay_steps, betas=config.betas, temperature=config.temperature))
+    trainer = PolicyTrainer(
+        model,
+        tokenizer.pad_token_id,
+        PolicyStepConfig(
+            lr=config.lr,
+            lr_warmup_steps=config.warmup_steps,
+            lr_decay_steps=config.decay_steps,
+            betas=config.betas,
+            temperature=config.temperature,
+        ),
+    )
     rng = random.Random(args.seed)
     em = evaluate_exact_match(model, tokenizer, heldout)
     curve = [{"step": 0, "seconds": 0.0, "cpu_seconds": 0.0, "heldout_em": em}]
@@ -108,8 +138,12 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
     while em < args.target and clock < args.max_seconds:
         started, cpu_started = time.perf_counter(), time.process_time()
         problems = rng.sample(train, config.prompts)
-        groups = engine.generate([p.prompt for p in problems], n=config.group,
-                                 max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+        groups = engine.generate(
+            [p.prompt for p in problems],
+            n=config.group,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+        )
         sampled = time.perf_counter()
         examples = []
         for problem, group in zip(problems, groups, strict=True):
@@ -119,8 +153,15 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
                 continue
             kept += 1
             for generation, advantage in zip(group, grpo_advantages(rewards), strict=True):
-                examples.append(PolicyExample(generation.prompt_ids, generation.response_ids, generation.logprobs,
-                                              np.ones(len(generation.response_ids), np.uint8), float(advantage)))
+                examples.append(
+                    PolicyExample(
+                        generation.prompt_ids,
+                        generation.response_ids,
+                        generation.logprobs,
+                        np.ones(len(generation.response_ids), np.uint8),
+                        float(advantage),
+                    )
+                )
         if examples:
             trainer.step(examples)
         engine.version = trainer.version
@@ -133,15 +174,33 @@ def run_grpo(name: str, config: GrpoConfig, base: Path, train: list, heldout: li
         cpu += time.process_time() - cpu_started
         if step % args.eval_every == 0:
             em = evaluate_exact_match(model, tokenizer, heldout)
-            curve.append({"step": step, "seconds": round(clock, 2), "cpu_seconds": round(cpu, 2), "heldout_em": em,
-                          "kept_groups": kept, "dropped_groups": dropped})
+            curve.append(
+                {
+                    "step": step,
+                    "seconds": round(clock, 2),
+                    "cpu_seconds": round(cpu, 2),
+                    "heldout_em": em,
+                    "kept_groups": kept,
+                    "dropped_groups": dropped,
+                }
+            )
             print(f"  {name} step {step:4d}  {clock:6.1f}s  EM {em:.3f}  kept {kept} dropped {dropped}")
-    return {"name": name, "config": asdict(config), "reached": em >= args.target, "loadavg_1min_at_end": os.getloadavg()[0],
-            "seconds_to_target": clock if em >= args.target else None, "steps": step,
-            "sample_seconds": sample_s, "train_seconds": train_s, "cpu_seconds": cpu,
-            "step_seconds_median": float(np.median(step_seconds)),
-            "step_seconds_p10": float(np.percentile(step_seconds, 10)),
-            "kept_groups": kept, "dropped_groups": dropped, "curve": curve}
+    return {
+        "name": name,
+        "config": asdict(config),
+        "reached": em >= args.target,
+        "loadavg_1min_at_end": os.getloadavg()[0],
+        "seconds_to_target": clock if em >= args.target else None,
+        "steps": step,
+        "sample_seconds": sample_s,
+        "train_seconds": train_s,
+        "cpu_seconds": cpu,
+        "step_seconds_median": float(np.median(step_seconds)),
+        "step_seconds_p10": float(np.percentile(step_seconds, 10)),
+        "kept_groups": kept,
+        "dropped_groups": dropped,
+        "curve": curve,
+    }
 
 
 def main() -> None:
@@ -156,8 +215,12 @@ def main() -> None:
     parser.add_argument("--warmup-batch", type=int, default=64)
     parser.add_argument("--warmup-max-steps", type=int, default=5000)
     parser.add_argument("--warmup-eval-every", type=int, default=10)
-    parser.add_argument("--base", type=Path, default=Path(tempfile.gettempdir()) / "astraflow_prototype_grpo_base",
-                        help="where the warm-up checkpoint is saved (or loaded with --reuse-base)")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "astraflow_prototype_grpo_base",
+        help="where the warm-up checkpoint is saved (or loaded with --reuse-base)",
+    )
     parser.add_argument("--reuse-base", action="store_true", help="skip the warm-up, load --base")
     parser.add_argument("--variants", default="tuned", help="comma-separated names, or 'all'")
     parser.add_argument("--target", type=float, default=0.90)
@@ -176,11 +239,22 @@ def main() -> None:
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     runs = [run_grpo(name, VARIANTS[name], base, train, heldout, args) for name in names]
     for run in runs:
-        print(f"{run['name']}: {'reached' if run['reached'] else 'missed'} {args.target} "
-              f"in {run['steps']} steps, {run['seconds_to_target'] or float('nan'):.1f}s RL")
-    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                          "threads": args.threads, "loadavg_at_end": os.getloadavg()},
-              "args": {k: str(v) for k, v in vars(args).items()}, "warmup": warmup, "runs": runs}
+        print(
+            f"{run['name']}: {'reached' if run['reached'] else 'missed'} {args.target} "
+            f"in {run['steps']} steps, {run['seconds_to_target'] or float('nan'):.1f}s RL"
+        )
+    report = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "loadavg_at_end": os.getloadavg(),
+        },
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "warmup": warmup,
+        "runs": runs,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
     plot(report, args.output.with_suffix(".png"), args.target)

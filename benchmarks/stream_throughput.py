@@ -65,21 +65,39 @@ TARGETS = {"faust_vs_raw": 0.3, "native_vs_raw": 0.5}
 PARTITIONS = 2
 CLIENT = {"acks": "all", "enable.idempotence": True, "message.max.bytes": 64 * 1024 * 1024, "log_level": 3}
 """The raw loop's producer settings: those of ``KafkaLog``, so the ratio measures what a runtime adds."""
-CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 64 * 1024 * 1024,
-            "fetch.max.bytes": 64 * 1024 * 1024, "receive.message.max.bytes": 65 * 1024 * 1024, "log_level": 3}
+CONSUMER = {
+    "enable.auto.commit": False,
+    "auto.offset.reset": "earliest",
+    "max.partition.fetch.bytes": 64 * 1024 * 1024,
+    "fetch.max.bytes": 64 * 1024 * 1024,
+    "receive.message.max.bytes": 65 * 1024 * 1024,
+    "log_level": 3,
+}
 """The raw loop's consumer settings: the fetch sizes of ``KafkaLog`` (librdkafka's default of 1 MB per
 partition and fetch would make raw fetch ~50 trajectories a round trip, where the runtimes fetch 64 MB)."""
 
 
-def make_trajectory(group: int, index: int, group_size: int, response_tokens: int, rng: np.random.Generator) -> Trajectory:
+def make_trajectory(
+    group: int, index: int, group_size: int, response_tokens: int, rng: np.random.Generator
+) -> Trajectory:
     """A realistic member of group ``group``: 256 prompt tokens, ``response_tokens`` generated ones."""
     r, gid = response_tokens, f"group-{group:06d}"
     return Trajectory(
-        trajectory_id=f"{gid}/{index}", episode_id=f"{gid}/{index}", group_id=gid, task_id=gid, prompt_id=f"prompt-{group:06d}",
-        policy="main", workflow="math", prompt_ids=rng.integers(0, 151_936, 256, dtype=np.int32),
-        response_ids=rng.integers(0, 151_936, r, dtype=np.int32), behaviour_logprobs=-rng.exponential(0.5, r).astype(np.float32),
-        token_versions=np.zeros(r, np.int32), loss_mask=np.ones(r, np.uint8), reward=float((group + index) % 2),
-        response_text=("So the answer is 42. " * r)[: 4 * r], group_size=group_size,
+        trajectory_id=f"{gid}/{index}",
+        episode_id=f"{gid}/{index}",
+        group_id=gid,
+        task_id=gid,
+        prompt_id=f"prompt-{group:06d}",
+        policy="main",
+        workflow="math",
+        prompt_ids=rng.integers(0, 151_936, 256, dtype=np.int32),
+        response_ids=rng.integers(0, 151_936, r, dtype=np.int32),
+        behaviour_logprobs=-rng.exponential(0.5, r).astype(np.float32),
+        token_versions=np.zeros(r, np.int32),
+        loss_mask=np.ones(r, np.uint8),
+        reward=float((group + index) % 2),
+        response_text=("So the answer is 42. " * r)[: 4 * r],
+        group_size=group_size,
     )
 
 
@@ -92,7 +110,9 @@ def raw_loop(bootstrap: str, source: str, target: str, records: int, done: "mp.s
     consumer.subscribe([source])
     # one target partition, so delivery reports come in send order: a count is a mark
     acked = [0]
-    pending: list[tuple[int, dict[int, int], float]] = []  # per poll not committed: copies sent so far, offsets, when read
+    pending: list[
+        tuple[int, dict[int, int], float]
+    ] = []  # per poll not committed: copies sent so far, offsets, when read
 
     def on_delivery(err: object, message: object) -> None:
         if err is not None:
@@ -103,7 +123,9 @@ def raw_loop(bootstrap: str, source: str, target: str, records: int, done: "mp.s
         offsets: dict[int, int] = {}
         for _, polled, _ in pending[:settled]:
             offsets.update(polled)
-        consumer.commit(offsets=[TopicPartition(source, p, offset) for p, offset in offsets.items()], asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(source, p, offset) for p, offset in offsets.items()], asynchronous=False
+        )
         del pending[:settled]
 
     copied = 0
@@ -143,8 +165,13 @@ def stamp_on_append(bootstrap: str, topic: str) -> None:
     """
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)])
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the futures resolve
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
@@ -159,8 +186,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def follow_output(bootstrap: str, topic: str, records: int, process: subprocess.Popen | mp.process.BaseProcess,
-                  pids: dict[str, int], timeout_s: float) -> tuple[list[int], list[int], int, dict[str, float]]:
+def follow_output(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    process: subprocess.Popen | mp.process.BaseProcess,
+    pids: dict[str, int],
+    timeout_s: float,
+) -> tuple[list[int], list[int], int, dict[str, float]]:
     """Read the ``records`` committed records of ``topic`` as they arrive. Returns their log
     append timestamps (ms), the times this reader got them (ms, wall clock), how many arrived after
     the first poll that saw any, and the CPU seconds the
@@ -168,8 +201,16 @@ def follow_output(bootstrap: str, topic: str, records: int, process: subprocess.
     ``/proc`` entry until it is reaped)."""
     from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024, "log_level": 3})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "unused",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "log_level": 3,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     stamps: list[int] = []
     arrivals: list[int] = []
@@ -177,7 +218,9 @@ def follow_output(bootstrap: str, topic: str, records: int, process: subprocess.
     deadline = time.monotonic() + timeout_s
     while len(stamps) < records:
         if failed(process) or time.monotonic() > deadline:
-            raise RuntimeError(f"{topic}: {len(stamps)} of {records} records, and the process {'failed' if failed(process) else 'timed out'}")
+            raise RuntimeError(
+                f"{topic}: {len(stamps)} of {records} records, and the process {'failed' if failed(process) else 'timed out'}"
+            )
         for message in consumer.consume(1000, timeout=0.2):
             if message.error() is None:
                 kind, stamp = message.timestamp()
@@ -204,8 +247,14 @@ def steady_rate(stamps: list[int]) -> float:
     return (high - low) / max((ordered[high] - ordered[low]) / 1000, 1e-3)
 
 
-def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_pid: int | None,
-                records: list[tuple[bytes, bytes]], tmp: Path) -> dict:
+def run_variant(
+    variant: str,
+    args: argparse.Namespace,
+    bootstrap: str,
+    broker_pid: int | None,
+    records: list[tuple[bytes, bytes]],
+    tmp: Path,
+) -> dict:
     """Write the input, run one variant until all its output is readable, return its rate."""
     run = f"bench{variant}{uuid.uuid4().hex[:8]}"
     topics = RunTopics(run, "math", ("main",))
@@ -221,13 +270,31 @@ def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_p
     if variant == "raw":
         context = mp.get_context("spawn")
         done = context.Event()
-        process = context.Process(target=raw_loop, args=(bootstrap, topics.trajectories("main"), target, len(records), done))
+        process = context.Process(
+            target=raw_loop, args=(bootstrap, topics.trajectories("main"), target, len(records), done)
+        )
         process.start()
     else:
         config = tmp / f"{run}.yaml"
-        config.write_text(yaml.safe_dump({"run": run, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": PARTITIONS}}))
-        process = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "stream", str(config), "--run-dir", str(tmp / run), "--runtime", variant],
-                                   stdout=subprocess.DEVNULL, stderr=(tmp / f"{run}.log").open("wb"), stdin=subprocess.DEVNULL)
+        config.write_text(
+            yaml.safe_dump({"run": run, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": PARTITIONS}})
+        )
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "astraflow.cli",
+                "stream",
+                str(config),
+                "--run-dir",
+                str(tmp / run),
+                "--runtime",
+                variant,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp / f"{run}.log").open("wb"),
+            stdin=subprocess.DEVNULL,
+        )
     pids = {"process": process.pid, **({"broker": broker_pid} if broker_pid else {})}
     try:
         stamps, arrivals, counted, cpu = follow_output(bootstrap, target, len(records), process, pids, args.timeout)
@@ -239,15 +306,20 @@ def run_variant(variant: str, args: argparse.Namespace, bootstrap: str, broker_p
             done.set()
             process.join(timeout=60)
     rate = steady_rate(stamps)
-    return {"trajectories_per_s": rate, "mb_per_s": rate * args.trajectory_bytes / 1e6,
-            "readable_per_s": steady_rate(arrivals),
-            "trajectories_per_cpu_s": counted / sum(cpu.values()) if counted and sum(cpu.values()) > 0.05 else None,
-            "cpu_s": cpu, "cpu_counted_trajectories": counted,
-            "wall_s": round(time.monotonic() - started, 1)}
+    return {
+        "trajectories_per_s": rate,
+        "mb_per_s": rate * args.trajectory_bytes / 1e6,
+        "readable_per_s": steady_rate(arrivals),
+        "trajectories_per_cpu_s": counted / sum(cpu.values()) if counted and sum(cpu.values()) > 0.05 else None,
+        "cpu_s": cpu,
+        "cpu_counted_trajectories": counted,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
 
 
 def summarize(rounds: list[dict[str, dict]]) -> tuple[dict, dict]:
     """Median rates, and the ratios to raw: per round (side by side), then their median."""
+
     def median(values: list[float | None]) -> float | None:
         known = [value for value in values if value is not None]
         return statistics.median(known) if known else None
@@ -257,7 +329,9 @@ def summarize(rounds: list[dict[str, dict]]) -> tuple[dict, dict]:
     ratios = {}
     for variant in ("native", "faust"):
         for key, name in keys:
-            per_round = [r[variant][key] / r["raw"][key] if r[variant].get(key) and r["raw"].get(key) else None for r in rounds]
+            per_round = [
+                r[variant][key] / r["raw"][key] if r[variant].get(key) and r["raw"].get(key) else None for r in rounds
+            ]
             ratios[f"{variant}_vs_raw{name}"] = median(per_round)
             ratios[f"{variant}_vs_raw{name}_per_round"] = per_round
     return medians, ratios
@@ -270,8 +344,10 @@ def plot(path: Path, rounds: list[dict], medians: dict, ratios: dict, caption: s
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    panels = [("trajectories_per_s", "", "trajectories / s (steady part)"),
-              ("trajectories_per_cpu_s", "_per_cpu_s", "trajectories / CPU-second (process + broker)")]
+    panels = [
+        ("trajectories_per_s", "", "trajectories / s (steady part)"),
+        ("trajectories_per_cpu_s", "_per_cpu_s", "trajectories / CPU-second (process + broker)"),
+    ]
     colors = {"raw": "#999999", "native": "#4c72b0", "faust": "#dd8452"}
     for ax, (key, suffix, label) in zip(axes, panels):
         xs = range(len(VARIANTS))
@@ -280,12 +356,21 @@ def plot(path: Path, rounds: list[dict], medians: dict, ratios: dict, caption: s
             measured = [r[variant][key] for r in rounds if r[variant][key] is not None]
             ax.scatter([x] * len(measured), measured, color="black", s=12, zorder=3)
             if variant != "raw" and ratios[f"{variant}_vs_raw{suffix}"] is not None:
-                ax.annotate(f"{ratios[f'{variant}_vs_raw{suffix}']:.0%} of raw\n(target {TARGETS[f'{variant}_vs_raw']:.0%})",
-                            (x, medians[key][variant]), ha="center", va="bottom", fontsize=9, xytext=(0, 4), textcoords="offset points")
+                ax.annotate(
+                    f"{ratios[f'{variant}_vs_raw{suffix}']:.0%} of raw\n(target {TARGETS[f'{variant}_vs_raw']:.0%})",
+                    (x, medians[key][variant]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=9,
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                )
                 ax.axhline(TARGETS[f"{variant}_vs_raw"] * medians[key]["raw"], color=colors[variant], ls=":", lw=1)
         ax.set_xticks(list(xs), ["raw consume->produce", "native runtime", "faust runtime"])
         ax.set_ylabel(f"{label}; dots: rounds", fontsize=9)
-    fig.suptitle("Stream runtimes on Kafka vs a raw loop of the same bytes (ratios: median of per-round ratios)", fontsize=11)
+    fig.suptitle(
+        "Stream runtimes on Kafka vs a raw loop of the same bytes (ratios: median of per-round ratios)", fontsize=11
+    )
     fig.text(0.5, 0.01, caption, ha="center", fontsize=7)
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
     fig.savefig(path, dpi=110)
@@ -296,7 +381,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", help="use this Kafka broker instead of starting a local one")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup-rounds", type=int, default=2, help="rounds run first and not counted: the broker's JVM warms up")
+    parser.add_argument(
+        "--warmup-rounds", type=int, default=2, help="rounds run first and not counted: the broker's JVM warms up"
+    )
     parser.add_argument("--records", type=int, default=3000, help="trajectories per variant and round")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--response-tokens", type=int, default=1024)
@@ -308,8 +395,11 @@ def main() -> None:
 
     codec, rng = Codec(), np.random.default_rng(0)
     groups = args.records // args.group_size
-    records = [(f"group-{g:06d}".encode(), codec.encode(make_trajectory(g, i, args.group_size, args.response_tokens, rng)))
-               for g in range(groups) for i in range(args.group_size)]
+    records = [
+        (f"group-{g:06d}".encode(), codec.encode(make_trajectory(g, i, args.group_size, args.response_tokens, rng)))
+        for g in range(groups)
+        for i in range(args.group_size)
+    ]
     args.trajectory_bytes = round(statistics.mean(len(value) for _, value in records))
     load_at_start, started = os.getloadavg()[0], time.monotonic()
     rounds: list[dict[str, dict]] = []
@@ -325,26 +415,52 @@ def main() -> None:
             bootstrap = args.bootstrap or broker.bootstrap
             broker_pid = None if broker is None else broker.status().pid
             for index in range(-args.warmup_rounds, args.rounds):
-                order = VARIANTS[index % len(VARIANTS):] + VARIANTS[: index % len(VARIANTS)]
-                result = {variant: run_variant(variant, args, bootstrap, broker_pid, records, Path(tmp)) for variant in order}
+                order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
+                result = {
+                    variant: run_variant(variant, args, bootstrap, broker_pid, records, Path(tmp)) for variant in order
+                }
                 (warmups if index < 0 else rounds).append(result)
-                print(f"{'warm-up' if index < 0 else 'round'} {index}: " + "  ".join(
-                    f"{v} {result[v]['trajectories_per_s']:,.0f}/s ({result[v]['trajectories_per_cpu_s'] or 0:,.0f}/CPU-s)" for v in VARIANTS), flush=True)
+                print(
+                    f"{'warm-up' if index < 0 else 'round'} {index}: "
+                    + "  ".join(
+                        f"{v} {result[v]['trajectories_per_s']:,.0f}/s ({result[v]['trajectories_per_cpu_s'] or 0:,.0f}/CPU-s)"
+                        for v in VARIANTS
+                    ),
+                    flush=True,
+                )
         finally:
             if broker is not None:
                 broker.stop()
     medians, ratios = summarize(rounds)
     met = {name: ratios[name] >= target for name, target in TARGETS.items()}
-    machine = {"nproc": len(os.sched_getaffinity(0)), "platform": platform.platform(), "python": platform.python_version(),
-               "loadavg_1m_at_start": load_at_start, "loadavg_1m_at_end": os.getloadavg()[0]}
-    caption = (f"{args.records} trajectories of {args.trajectory_bytes:,} B, groups of {args.group_size}, {args.rounds} rounds after {args.warmup_rounds} warm-up; "
-               f"{machine['nproc']} CPUs, 1-min load {load_at_start:.1f} at start, {machine['loadavg_1m_at_end']:.1f} at end")
+    machine = {
+        "nproc": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1m_at_start": load_at_start,
+        "loadavg_1m_at_end": os.getloadavg()[0],
+    }
+    caption = (
+        f"{args.records} trajectories of {args.trajectory_bytes:,} B, groups of {args.group_size}, {args.rounds} rounds after {args.warmup_rounds} warm-up; "
+        f"{machine['nproc']} CPUs, 1-min load {load_at_start:.1f} at start, {machine['loadavg_1m_at_end']:.1f} at end"
+    )
     report = {
         "benchmark": "stream_throughput",
-        "inputs": {**vars(args), "out": str(args.out), "partitions": PARTITIONS, "raw_producer": CLIENT,
-                   "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)"},
-        "machine": machine, "targets": TARGETS, "medians": medians, "ratios": ratios,
-        "targets_met": met, "rounds": rounds, "warmup_rounds": warmups, "wall_s": round(time.monotonic() - started, 1),
+        "inputs": {
+            **vars(args),
+            "out": str(args.out),
+            "partitions": PARTITIONS,
+            "raw_producer": CLIENT,
+            "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)",
+        },
+        "machine": machine,
+        "targets": TARGETS,
+        "medians": medians,
+        "ratios": ratios,
+        "targets_met": met,
+        "rounds": rounds,
+        "warmup_rounds": warmups,
+        "wall_s": round(time.monotonic() - started, 1),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stream_throughput.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -24,21 +24,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from astraflow.config import RunConfig
-from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from astraflow.producers.workflows.base import Provenance
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.streams.operators import Group
 from astraflow.streams.pipeline import build_pipeline
 from astraflow.tasks.base import Problem
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
 
 def step_config(config: RunConfig) -> PolicyStepConfig:
     """The trainer's optimizer and loss settings for a policy's narrowed config (as ``consumers.trainer``)."""
     t = config.train
-    return PolicyStepConfig(lr=t.lr, lr_warmup_steps=t.lr_warmup_versions, lr_decay_steps=t.lr_decay_versions, min_lr_ratio=t.min_lr_ratio,
-                            weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, temperature=config.rollout.temperature,
-                            eps_low=t.clip_low, eps_high=t.clip_high)
+    return PolicyStepConfig(
+        lr=t.lr,
+        lr_warmup_steps=t.lr_warmup_versions,
+        lr_decay_steps=t.lr_decay_versions,
+        min_lr_ratio=t.min_lr_ratio,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        temperature=config.rollout.temperature,
+        eps_low=t.clip_low,
+        eps_high=t.clip_high,
+    )
 
 
 @dataclass
@@ -55,7 +63,13 @@ class Iteration:
 class TrainerCentredLoop:
     """Runs the iterations; ``learners[policy]`` trains, ``replicas[i][policy]`` generates."""
 
-    def __init__(self, config: RunConfig, rows: list[Problem], replicas: list[dict[str, object]], learners: dict[str, PolicyTrainer]) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        rows: list[Problem],
+        replicas: list[dict[str, object]],
+        learners: dict[str, PolicyTrainer],
+    ) -> None:
         self.config = config
         self.workflow = build_run_workflow(config)
         self.policies = self.workflow.policies
@@ -81,8 +95,20 @@ class TrainerCentredLoop:
                 random.Random(self.config.task.seed * 1_000_003 + epoch).shuffle(self.order)
             row = self.rows[self.order[index]]
             version = min(learner.version for learner in self.learners.values())
-            tasks.append(RolloutTask(f"{row.prompt_id}@{epoch}", row.prompt_id, f"{row.prompt_id}@{epoch}", self.config.workflow, row.prompt,
-                                     row.answer, self.config.rollout.group_size, version, int(time.time() * 1000), {"cursor": str(self.cursor)}))
+            tasks.append(
+                RolloutTask(
+                    f"{row.prompt_id}@{epoch}",
+                    row.prompt_id,
+                    f"{row.prompt_id}@{epoch}",
+                    self.config.workflow,
+                    row.prompt,
+                    row.answer,
+                    self.config.rollout.group_size,
+                    version,
+                    int(time.time() * 1000),
+                    {"cursor": str(self.cursor)},
+                )
+            )
             self.cursor += 1
         return tasks
 
@@ -90,7 +116,10 @@ class TrainerCentredLoop:
         """One round: the tasks split over the replicas, run in parallel; groups through each policy's pipeline."""
         tasks = self._tasks(self.tasks_per_round)
         shares = [tasks[i :: len(self.replicas)] for i in range(len(self.replicas))]
-        outcomes = self.pool.map(lambda pair: self.workflow.run_batch(pair[0], pair[1], self.provenance) if pair[1] else [], zip(self.replicas, shares))
+        outcomes = self.pool.map(
+            lambda pair: self.workflow.run_batch(pair[0], pair[1], self.provenance) if pair[1] else [],
+            zip(self.replicas, shares),
+        )
         members: dict[tuple[str, str], list] = defaultdict(list)
         for outcome in (o for share in outcomes for o in share):
             if outcome.error is not None:
@@ -114,8 +143,10 @@ class TrainerCentredLoop:
         examples: list[PolicyExample] = []
         while len(examples) < self.batch[policy]:
             group = self.accepted[policy].pop(0)
-            examples += [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, float(a))
-                         for t, a in zip(group.trajectories, group.advantages, strict=True)]
+            examples += [
+                PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, float(a))
+                for t, a in zip(group.trajectories, group.advantages, strict=True)
+            ]
         return examples
 
     def iteration(self) -> Iteration:
@@ -133,7 +164,12 @@ class TrainerCentredLoop:
             done.train_s[policy] = time.perf_counter() - started
         started = time.perf_counter()
         states = {policy: (learner.model.state_dict(), learner.version) for policy, learner in self.learners.items()}
-        list(self.pool.map(lambda engines: [engines[policy].load_state_dict(*states[policy]) for policy in self.policies], self.replicas))
+        list(
+            self.pool.map(
+                lambda engines: [engines[policy].load_state_dict(*states[policy]) for policy in self.policies],
+                self.replicas,
+            )
+        )
         done.reload_s = time.perf_counter() - started
         return done
 

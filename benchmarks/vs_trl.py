@@ -115,7 +115,10 @@ class TreeCpuSampler:
                 try:
                     with process.oneshot():
                         times = process.cpu_times()
-                        entry = self.seen.get(process.pid) or {"name": self._name(process), "created": process.create_time()}
+                        entry = self.seen.get(process.pid) or {
+                            "name": self._name(process),
+                            "created": process.create_time(),
+                        }
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 entry["cpu_s"] = times.user + times.system
@@ -137,8 +140,12 @@ class TreeCpuSampler:
             row["cores_while_alive"] = round(row["cpu_s"] / row["alive_s"], 3)
             row["cpu_s"], row["alive_s"] = round(row["cpu_s"], 2), round(row["alive_s"], 2)
         total = sum(row["cpu_s"] for row in by_name.values())
-        return {"per_process": by_name, "total_cpu_s": round(total, 2), "wall_s": round(wall_s, 2),
-                "cores_used": round(total / max(wall_s, 1e-6), 3)}
+        return {
+            "per_process": by_name,
+            "total_cpu_s": round(total, 2),
+            "wall_s": round(wall_s, 2),
+            "cores_used": round(total / max(wall_s, 1e-6), 3),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,32 +159,51 @@ def bound_child(spec: dict) -> dict:
     import numpy as np
     import torch
 
-    from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
-    from astraflow.models.loading import load_policy
     from astraflow.engines.torch_engine import TorchEngine
+    from astraflow.models.loading import load_policy
     from astraflow.tasks.base import read_jsonl
+    from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
     torch.set_num_threads(spec["threads"])
     model, tokenizer = load_policy(spec["base"])
     engine = TorchEngine(model, tokenizer, seed=spec["seed"])
-    learner = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr=spec["lr"], temperature=spec["temperature"]))
+    learner = PolicyTrainer(
+        model, tokenizer.pad_token_id, PolicyStepConfig(lr=spec["lr"], temperature=spec["temperature"])
+    )
     train = read_jsonl(spec["train"])
     rng = random.Random(spec["seed"])
     sample_s, train_s = [], []
     for rep in range(spec["reps"] + 1):  # the first repetition warms up allocators and is dropped
         prompts = [p.prompt for p in rng.sample(train, spec["prompts"])]
         started = time.perf_counter()
-        groups = engine.generate(prompts, n=spec["group"], max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"])
+        groups = engine.generate(
+            prompts, n=spec["group"], max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"]
+        )
         sampled = time.perf_counter()
-        examples = [PolicyExample(g.prompt_ids, g.response_ids, g.logprobs, np.ones(len(g.response_ids), np.uint8),
-                                  rng.choice((-1.0, 1.0))) for group in groups for g in group]
+        examples = [
+            PolicyExample(
+                g.prompt_ids,
+                g.response_ids,
+                g.logprobs,
+                np.ones(len(g.response_ids), np.uint8),
+                rng.choice((-1.0, 1.0)),
+            )
+            for group in groups
+            for g in group
+        ]
         learner.step(examples)
         if rep:
             sample_s.append(sampled - started)
             train_s.append(time.perf_counter() - sampled)
     sample, step = statistics.median(sample_s), statistics.median(train_s)
-    return {"threads": spec["threads"], "reps": spec["reps"], "sample_s": round(sample, 4), "train_step_s": round(step, 4),
-            "step_s": round(sample + step, 4), "sequences": spec["prompts"] * spec["group"]}
+    return {
+        "threads": spec["threads"],
+        "reps": spec["reps"],
+        "sample_s": round(sample, 4),
+        "train_step_s": round(step, 4),
+        "step_s": round(sample + step, 4),
+        "sequences": spec["prompts"] * spec["group"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +249,9 @@ def trl_child(spec: dict) -> dict:
             em = evaluate_exact_match(model, tokenizer, heldout, max_new_tokens=spec["max_new_tokens"])
             self.eval_s += time.time() - started
             self.eval_cpu_s += time.process_time() - cpu
-            self.curve.append({"step": step, "wall_s": round(wall, 3), "samples": step * spec["prompts"] * spec["group"], "em": em})
+            self.curve.append(
+                {"step": step, "wall_s": round(wall, 3), "samples": step * spec["prompts"] * spec["group"], "em": em}
+            )
             print(f"  trl step {step:4d}  {wall:6.1f}s  EM {em:.3f}", flush=True)
             return em
 
@@ -271,8 +299,14 @@ def trl_child(spec: dict) -> dict:
         seed=spec["seed"],
     )
     clock = HeldoutClock()
-    trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=exact_match,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[clock],
+    )
     prompts = [p.prompt for p in train[:PROMPT_IDS_CHECKED]]
     trl_ids = [list(ids) for ids in trainer._tokenize_prompts(prompts)[0]]
     engine_ids = [list(ids) for ids in tokenizer(prompts)["input_ids"]]  # what TorchEngine.generate feeds the model
@@ -308,8 +342,13 @@ def run_child(kind: str, spec: dict, work: Path) -> tuple[dict, dict]:
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"}
     started = time.monotonic()
     with (work / f"{kind}.log").open("w") as log:
-        process = subprocess.Popen([PYTHON, __file__, "--child", kind, str(spec_path), str(out_path)],
-                                   cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [PYTHON, __file__, "--child", kind, str(spec_path), str(out_path)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         sampler = TreeCpuSampler(process.pid, kind)
         code = process.wait()
     cpu = sampler.stop(time.monotonic() - started)
@@ -328,8 +367,18 @@ def run_astraflow(config_path: Path, run_dir: Path, prepared: Path, max_seconds:
     run_dir.mkdir(parents=True)
     shutil.copytree(prepared / "base", run_dir / "base")
     shutil.copytree(prepared / "data", run_dir / "data")
-    argv = [PYTHON, "-m", "astraflow.cli", "run", str(config_path), "--run-dir", str(run_dir), "--no-dashboard",
-            "--max-minutes", str(max_seconds / 60)]
+    argv = [
+        PYTHON,
+        "-m",
+        "astraflow.cli",
+        "run",
+        str(config_path),
+        "--run-dir",
+        str(run_dir),
+        "--no-dashboard",
+        "--max-minutes",
+        str(max_seconds / 60),
+    ]
     started = time.monotonic()
     with (run_dir / "run.out").open("w") as out:
         process = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -348,7 +397,9 @@ def run_astraflow(config_path: Path, run_dir: Path, prepared: Path, max_seconds:
                 code = process.wait()
     cpu = sampler.stop(time.monotonic() - started)
     if code != 0 or not (run_dir / "summary.json").is_file():
-        raise RuntimeError(f"astraflow run failed with exit code {code}; see {run_dir / 'run.out'} and {run_dir / 'logs'}")
+        raise RuntimeError(
+            f"astraflow run failed with exit code {code}; see {run_dir / 'run.out'} and {run_dir / 'logs'}"
+        )
     return {**read_astraflow_run(run_dir, monitor_offset), "cpu": cpu}
 
 
@@ -356,10 +407,21 @@ def read_astraflow_run(run_dir: Path, monitor_offset: float) -> dict:
     """Curve and rates of a finished run from its metrics.jsonl and summary.json, on the launch clock."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     samples = {row["step"]: row["value"] for row in rows if row["name"] == "train.samples"} | {0: 0}
-    curve = [{"step": row["step"], "wall_s": round(row["wall_s"] + monitor_offset, 3), "monitor_wall_s": row["wall_s"],
-              "samples": samples.get(row["step"]), "em": row["value"]}
-             for row in sorted((r for r in rows if r["name"] == "eval.accuracy"), key=lambda r: r["wall_s"])]
-    published = sorted((row["wall_s"] + monitor_offset, int(row["value"])) for row in rows if row["name"] == "train.version" and row["value"] > 0)
+    curve = [
+        {
+            "step": row["step"],
+            "wall_s": round(row["wall_s"] + monitor_offset, 3),
+            "monitor_wall_s": row["wall_s"],
+            "samples": samples.get(row["step"]),
+            "em": row["value"],
+        }
+        for row in sorted((r for r in rows if r["name"] == "eval.accuracy"), key=lambda r: r["wall_s"])
+    ]
+    published = sorted(
+        (row["wall_s"] + monitor_offset, int(row["value"]))
+        for row in rows
+        if row["name"] == "train.version" and row["value"] > 0
+    )
     seconds_per_version = trained_per_s = None
     if len(published) >= 2:
         (t0, v0), (t1, v1) = published[0], published[-1]
@@ -398,7 +460,11 @@ def prepare(args: argparse.Namespace, work: Path):
     if args.base:
         shutil.copytree(args.base, prepared / "base")
     else:
-        subprocess.run([PYTHON, "-m", "astraflow.cli", "warmup", str(config_path), "--run-dir", str(prepared)], cwd=REPO, check=True)
+        subprocess.run(
+            [PYTHON, "-m", "astraflow.cli", "warmup", str(config_path), "--run-dir", str(prepared)],
+            cwd=REPO,
+            check=True,
+        )
     load_task_split(config.task, prepared, "train")  # writes data/{train,heldout}.jsonl if absent
     return config, config_path, prepared
 
@@ -439,11 +505,31 @@ def plot(report: dict, path: Path) -> None:
         for side, colour in colours.items():
             curve = round_[side]["curve"]
             label = f"{side} (round {index})" if len(report["rounds"]) > 1 else side
-            by_time.step([p["wall_s"] for p in curve], [p["em"] for p in curve], where="post", color=colour, alpha=0.9 - 0.2 * index, marker="o", ms=2, label=label)
+            by_time.step(
+                [p["wall_s"] for p in curve],
+                [p["em"] for p in curve],
+                where="post",
+                color=colour,
+                alpha=0.9 - 0.2 * index,
+                marker="o",
+                ms=2,
+                label=label,
+            )
             points = [p for p in curve if p["samples"] is not None]
-            by_samples.plot([p["samples"] for p in points], [p["em"] for p in points], color=colour, alpha=0.9 - 0.2 * index, marker="o", ms=2, label=label)
+            by_samples.plot(
+                [p["samples"] for p in points],
+                [p["em"] for p in points],
+                color=colour,
+                alpha=0.9 - 0.2 * index,
+                marker="o",
+                ms=2,
+                label=label,
+            )
     threshold = report["inputs"]["threshold"]
-    for axis, x_label in ((by_time, "wall seconds (TRL: evaluation excluded)"), (by_samples, "samples in optimizer steps")):
+    for axis, x_label in (
+        (by_time, "wall seconds (TRL: evaluation excluded)"),
+        (by_samples, "samples in optimizer steps"),
+    ):
         axis.axhline(threshold, color="grey", ls="--", lw=1)
         axis.set_xlabel(x_label)
         axis.set_ylabel("held-out exact match")
@@ -451,8 +537,10 @@ def plot(report: dict, path: Path) -> None:
         axis.grid(alpha=0.3)
         axis.legend(loc="lower right")
     ratio = report["medians"]["trl_over_astraflow_time_to_threshold"]
-    fig.suptitle(f"AstraFlow vs TRL GRPOTrainer, {report['inputs']['prompts']}x{report['inputs']['group']} per step, lr {report['inputs']['lr']}"
-                 f" - time to {threshold:.0%}: TRL/AstraFlow = {ratio if ratio is not None else 'n/a'}")
+    fig.suptitle(
+        f"AstraFlow vs TRL GRPOTrainer, {report['inputs']['prompts']}x{report['inputs']['group']} per step, lr {report['inputs']['lr']}"
+        f" - time to {threshold:.0%}: TRL/AstraFlow = {ratio if ratio is not None else 'n/a'}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -461,7 +549,9 @@ def plot(report: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=REPO / "examples" / "math" / "config.yaml")
-    parser.add_argument("--base", type=Path, help="use this checkpoint instead of `astraflow warmup CONFIG` (development)")
+    parser.add_argument(
+        "--base", type=Path, help="use this checkpoint instead of `astraflow warmup CONFIG` (development)"
+    )
     parser.add_argument("--max-seconds", type=float, default=240.0, help="wall budget of each side")
     parser.add_argument("--threshold", type=float, default=0.85, help="held-out EM whose time is compared")
     parser.add_argument("--stop-at", type=float, default=0.90, help="each side stops at this held-out EM")
@@ -480,24 +570,68 @@ def main() -> None:
     config, config_path, prepared = prepare(args, args.work)
     t = config.train
     base = prepared / "base"
-    shared = {"base": str(base), "train": str(prepared / "data" / "train.jsonl"), "heldout": str(prepared / "data" / "heldout.jsonl"),
-              "lr": t.lr, "prompts": config.rollout.prompts_per_generation, "group": config.rollout.group_size,
-              "temperature": config.rollout.temperature, "max_new_tokens": config.rollout.max_new_tokens,
-              "threads": args.threads, "seed": args.seed}
+    shared = {
+        "base": str(base),
+        "train": str(prepared / "data" / "train.jsonl"),
+        "heldout": str(prepared / "data" / "heldout.jsonl"),
+        "lr": t.lr,
+        "prompts": config.rollout.prompts_per_generation,
+        "group": config.rollout.group_size,
+        "temperature": config.rollout.temperature,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "threads": args.threads,
+        "seed": args.seed,
+    }
     from astraflow.training.step import PolicyStepConfig
 
-    trl_spec = {**shared, "max_seconds": args.max_seconds, "stop_at": args.stop_at, "eval_every": args.trl_eval_every,
-                "betas": list(PolicyStepConfig.betas), "weight_decay": t.weight_decay,
-                "warmup_steps": t.lr_warmup_versions, "decay_steps": t.lr_decay_versions, "min_lr_ratio": t.min_lr_ratio, "max_grad_norm": t.max_grad_norm,
-                "clip_low": t.clip_low, "clip_high": t.clip_high, "output_dir": str(args.work / "trl"),
-                "reported_fields": ["use_cpu", "bf16", "gradient_checkpointing", "use_vllm", "beta", "num_generations",
-                                    "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
-                                    "steps_per_generation", "num_iterations", "max_completion_length", "temperature", "top_p",
-                                    "top_k", "learning_rate", "lr_scheduler_type", "adam_beta1", "adam_beta2", "weight_decay",
-                                    "max_grad_norm", "epsilon", "epsilon_high", "loss_type", "scale_rewards", "seed"]}
+    trl_spec = {
+        **shared,
+        "max_seconds": args.max_seconds,
+        "stop_at": args.stop_at,
+        "eval_every": args.trl_eval_every,
+        "betas": list(PolicyStepConfig.betas),
+        "weight_decay": t.weight_decay,
+        "warmup_steps": t.lr_warmup_versions,
+        "decay_steps": t.lr_decay_versions,
+        "min_lr_ratio": t.min_lr_ratio,
+        "max_grad_norm": t.max_grad_norm,
+        "clip_low": t.clip_low,
+        "clip_high": t.clip_high,
+        "output_dir": str(args.work / "trl"),
+        "reported_fields": [
+            "use_cpu",
+            "bf16",
+            "gradient_checkpointing",
+            "use_vllm",
+            "beta",
+            "num_generations",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "generation_batch_size",
+            "steps_per_generation",
+            "num_iterations",
+            "max_completion_length",
+            "temperature",
+            "top_p",
+            "top_k",
+            "learning_rate",
+            "lr_scheduler_type",
+            "adam_beta1",
+            "adam_beta2",
+            "weight_decay",
+            "max_grad_norm",
+            "epsilon",
+            "epsilon_high",
+            "loss_type",
+            "scale_rewards",
+            "seed",
+        ],
+    }
     print(f"compute bound ({args.threads} threads) ...", flush=True)
     bound, _ = run_child("bound", {**shared, "reps": args.bound_reps}, args.work)
-    print(f"  sample {bound['sample_s']:.3f}s + train {bound['train_step_s']:.3f}s = {bound['step_s']:.3f}s", flush=True)
+    print(
+        f"  sample {bound['sample_s']:.3f}s + train {bound['train_step_s']:.3f}s = {bound['step_s']:.3f}s", flush=True
+    )
     rounds = []
     for index in range(args.rounds):
         round_: dict = {"order": ["astraflow", "trl"] if index % 2 == 0 else ["trl", "astraflow"]}
@@ -520,24 +654,49 @@ def main() -> None:
         return median_or_none([r["comparison"][key] for r in rounds if r["comparison"][key] is not None])
 
     medians = {key: median_of(key) for key in rounds[0]["comparison"] if key != "trl_over_astraflow_bound"}
-    medians["astraflow_seconds_per_version"] = median_or_none([r["astraflow"]["seconds_per_version"] for r in rounds if r["astraflow"]["seconds_per_version"]])
-    medians["trl_seconds_per_step"] = median_or_none([r["trl"]["seconds_per_step"] for r in rounds if r["trl"]["seconds_per_step"]])
+    medians["astraflow_seconds_per_version"] = median_or_none(
+        [r["astraflow"]["seconds_per_version"] for r in rounds if r["astraflow"]["seconds_per_version"]]
+    )
+    medians["trl_seconds_per_step"] = median_or_none(
+        [r["trl"]["seconds_per_step"] for r in rounds if r["trl"]["seconds_per_step"]]
+    )
     for side, key in (("astraflow", "astraflow_seconds_per_version"), ("trl", "trl_seconds_per_step")):
-        medians[f"{side}_per_step_over_compute_bound"] = round(medians[key] / bound["step_s"], 3) if medians[key] else None
-        medians[f"{side}_trained_samples_per_s"] = median_or_none([r[side]["trained_samples_per_s"] for r in rounds if r[side]["trained_samples_per_s"]])
+        medians[f"{side}_per_step_over_compute_bound"] = (
+            round(medians[key] / bound["step_s"], 3) if medians[key] else None
+        )
+        medians[f"{side}_trained_samples_per_s"] = median_or_none(
+            [r[side]["trained_samples_per_s"] for r in rounds if r[side]["trained_samples_per_s"]]
+        )
     medians["compute_bound_samples_per_s"] = round(bound["sequences"] / bound["step_s"], 1)
     report = {
-        "inputs": {"config": str(args.config), "base": str(args.base or "astraflow warmup"), "threshold": args.threshold,
-                   "stop_at": args.stop_at, "max_seconds_per_side": args.max_seconds, "rounds": args.rounds,
-                   "lr": t.lr, "prompts": shared["prompts"], "group": shared["group"], "temperature": shared["temperature"],
-                   "max_new_tokens": shared["max_new_tokens"], "trl_threads": args.threads, "trl_eval_every": args.trl_eval_every,
-                   "heldout_size": len((prepared / "data" / "heldout.jsonl").read_text().splitlines()),
-                   "base_sha256": hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest(),
-                   "astraflow_config": config.model_dump(mode="json"),
-                   "astraflow_samples_per_version": t.batch_samples, "trl_samples_per_step": shared["prompts"] * shared["group"]},
-        "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "versions": {name: _version(name) for name in ("torch", "transformers", "trl", "datasets")},
-                    "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "inputs": {
+            "config": str(args.config),
+            "base": str(args.base or "astraflow warmup"),
+            "threshold": args.threshold,
+            "stop_at": args.stop_at,
+            "max_seconds_per_side": args.max_seconds,
+            "rounds": args.rounds,
+            "lr": t.lr,
+            "prompts": shared["prompts"],
+            "group": shared["group"],
+            "temperature": shared["temperature"],
+            "max_new_tokens": shared["max_new_tokens"],
+            "trl_threads": args.threads,
+            "trl_eval_every": args.trl_eval_every,
+            "heldout_size": len((prepared / "data" / "heldout.jsonl").read_text().splitlines()),
+            "base_sha256": hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest(),
+            "astraflow_config": config.model_dump(mode="json"),
+            "astraflow_samples_per_version": t.batch_samples,
+            "trl_samples_per_step": shared["prompts"] * shared["group"],
+        },
+        "machine": {
+            "nproc": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "versions": {name: _version(name) for name in ("torch", "transformers", "trl", "datasets")},
+            "loadavg_start": load_start,
+            "loadavg_end": os.getloadavg(),
+        },
         "compute_bound": {**bound, "reference_step_s": 0.29, "note": "PERFORMANCE.md: 77 ms + 214 ms with 2 threads"},
         "mismatches": [
             f"samples per optimizer step: AstraFlow {t.batch_samples} (train.batch_samples, groups with reward variance only), "

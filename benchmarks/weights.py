@@ -58,8 +58,22 @@ from astraflow.weights.publish import WeightPublisher, send_version
 from astraflow.weights.store import ChunkStore, open_store
 
 RESULTS = Path(__file__).resolve().parent / "results"
-QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, vocab_size=151936)
-SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, vocab_size=2048)
+QWEN2_05B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+)
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    vocab_size=2048,
+)
 TARGET_BOUND_FRACTION = 0.8
 TARGET_COPY_FRACTION = 0.3
 COPY_BYTES = 256 * 2**20
@@ -73,7 +87,9 @@ def build_model(small: bool) -> torch.nn.Module:
     return Qwen2ForCausalLM(config)
 
 
-def adamw_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int, seq: int, generator: torch.Generator) -> float:
+def adamw_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int, seq: int, generator: torch.Generator
+) -> float:
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)  # [B, T]
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -98,7 +114,9 @@ def difference_entropy(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor
         if id(tensor) in seen or tensor.dtype != torch.bfloat16:  # tied tensors once
             continue
         seen.add(id(tensor))
-        diff = (tensor.reshape(-1).view(torch.int16).numpy() - old[name].reshape(-1).view(torch.int16).numpy()).view(np.uint16)
+        diff = (tensor.reshape(-1).view(torch.int16).numpy() - old[name].reshape(-1).view(torch.int16).numpy()).view(
+            np.uint16
+        )
         counts += np.bincount(diff[diff != 0], minlength=65536)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log2(p)).sum())
@@ -117,8 +135,11 @@ def matches_model(state: dict[str, torch.Tensor], model: torch.nn.Module) -> boo
     """Whether ``state`` holds exactly the model's bf16 bits (one tensor converted at a time)."""
     expected = model.state_dict()
     return state.keys() == expected.keys() and all(
-        torch.equal(state[name].reshape(-1).view(torch.int16), tensor.detach().to(torch.bfloat16).reshape(-1).view(torch.int16))
-        for name, tensor in expected.items())
+        torch.equal(
+            state[name].reshape(-1).view(torch.int16), tensor.detach().to(torch.bfloat16).reshape(-1).view(torch.int16)
+        )
+        for name, tensor in expected.items()
+    )
 
 
 def follow(target: dict, topic: str, versions: int, pipe) -> None:
@@ -182,8 +203,16 @@ def replay_apply(plan: list, old: dict[str, torch.Tensor], new: dict[str, torch.
     return best
 
 
-def best_send(producer, codec: Codec, topic: str, manifest: WeightChunk, payload: bytearray, chunk_bytes: int,
-              repeats: int, store: ChunkStore | None = None) -> tuple[WeightChunk, float]:
+def best_send(
+    producer,
+    codec: Codec,
+    topic: str,
+    manifest: WeightChunk,
+    payload: bytearray,
+    chunk_bytes: int,
+    repeats: int,
+    store: ChunkStore | None = None,
+) -> tuple[WeightChunk, float]:
     """Best time of ``repeats`` runs of publish steps 3-4 (``send_version``) for a payload in hand."""
     best, sent = math.inf, manifest
     for _ in range(repeats):
@@ -215,12 +244,16 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
         publisher = WeightPublisher(producer, codec, topic, "main", config)
         store = open_store(str(workdir / "store"))
         pipe, child_end = multiprocessing.Pipe()
-        follower = multiprocessing.get_context("spawn").Process(target=follow, args=(target, topic, args.steps + 1, child_end))
+        follower = multiprocessing.get_context("spawn").Process(
+            target=follow, args=(target, topic, args.steps + 1, child_end)
+        )
         follower.start()
         if pipe.recv() != "ready":
             raise RuntimeError("the follower process did not start")
         reader = log.consumer(group_id=None)
-        reader.assign([TopicPartition(topic, WEIGHTS_MANIFEST_PARTITION), TopicPartition(topic, WEIGHTS_CHUNK_PARTITION)])
+        reader.assign(
+            [TopicPartition(topic, WEIGHTS_MANIFEST_PARTITION), TopicPartition(topic, WEIGHTS_CHUNK_PARTITION)]
+        )
         reader.seek_to_beginning()
         try:
             for version in range(args.steps + 1):
@@ -244,26 +277,54 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                 exact_replay = True
                 if old is not None:
                     take_s = min(take_s, replay_apply(plan, old, new, args.repeats - 1))
-                    exact_replay = all(torch.equal(old[name].reshape(-1).view(torch.uint8), new[name].reshape(-1).view(torch.uint8)) for name in new)
+                    exact_replay = all(
+                        torch.equal(old[name].reshape(-1).view(torch.uint8), new[name].reshape(-1).view(torch.uint8))
+                        for name in new
+                    )
                 repeats = args.repeats if version else 1  # the full version once: the targets are about deltas
-                _, resend_s = best_send(producer, codec, topics.weights("replay"), manifest, payload, config.chunk_bytes, repeats - 1)
-                stored, store_s = best_send(producer, codec, topics.weights("stored"), manifest, payload, config.chunk_bytes, repeats, store)
+                _, resend_s = best_send(
+                    producer, codec, topics.weights("replay"), manifest, payload, config.chunk_bytes, repeats - 1
+                )
+                stored, store_s = best_send(
+                    producer, codec, topics.weights("stored"), manifest, payload, config.chunk_bytes, repeats, store
+                )
                 t4 = time.perf_counter()
                 fetch(stored, {})
                 t5 = time.perf_counter()
                 pipe.send("next")
                 exact = taken == version and followed == digest(new) and matches_model(new, model) and exact_replay
                 del payload, pieces, plan
-                rows.append({"version": version, "encoding": stats.encoding, "loss": loss, "bytes": stats.total_bytes,
-                             "elements": stats.elements, "changed": stats.changed, "changes": stats.changes, "exact": exact,
-                             "difference_bits": bits, "copy_GBps": copy_rate(*copy_buffers),
-                             "seconds": {"encode": stats.encode_seconds, "publish": min(stats.send_seconds, resend_s), "fetch": t1 - t0,
-                                         "assemble": t2 - t1, "apply": check_s + take_s, "store_publish": store_s, "store_fetch": t5 - t4},
-                             "publish_to_applied_ms": applied_ms})
-                print(f"version {version} ({stats.encoding}): {stats.total_bytes / 2**20:.1f} MiB, "
-                      f"{stats.changed / stats.elements:.2%} changed, exact={exact}, publish→applied {applied_ms:.0f} ms, "
-                      f"publish {rows[-1]['seconds']['publish'] * 1e3:.0f} ms, apply {(check_s + take_s) * 1e3:.0f} ms "
-                      f"(check {check_s * 1e3:.0f}), copy {rows[-1]['copy_GBps']:.1f} GB/s", flush=True)
+                rows.append(
+                    {
+                        "version": version,
+                        "encoding": stats.encoding,
+                        "loss": loss,
+                        "bytes": stats.total_bytes,
+                        "elements": stats.elements,
+                        "changed": stats.changed,
+                        "changes": stats.changes,
+                        "exact": exact,
+                        "difference_bits": bits,
+                        "copy_GBps": copy_rate(*copy_buffers),
+                        "seconds": {
+                            "encode": stats.encode_seconds,
+                            "publish": min(stats.send_seconds, resend_s),
+                            "fetch": t1 - t0,
+                            "assemble": t2 - t1,
+                            "apply": check_s + take_s,
+                            "store_publish": store_s,
+                            "store_fetch": t5 - t4,
+                        },
+                        "publish_to_applied_ms": applied_ms,
+                    }
+                )
+                print(
+                    f"version {version} ({stats.encoding}): {stats.total_bytes / 2**20:.1f} MiB, "
+                    f"{stats.changed / stats.elements:.2%} changed, exact={exact}, publish→applied {applied_ms:.0f} ms, "
+                    f"publish {rows[-1]['seconds']['publish'] * 1e3:.0f} ms, apply {(check_s + take_s) * 1e3:.0f} ms "
+                    f"(check {check_s * 1e3:.0f}), copy {rows[-1]['copy_GBps']:.1f} GB/s",
+                    flush=True,
+                )
         finally:
             follower.join(timeout=60)
             reader.close()
@@ -287,25 +348,52 @@ def summarize(measured: dict) -> dict:
         publish_apply = full_bytes / (s["publish"] + s["apply"])
         store_publish_apply = full_bytes / (s["store_publish"] + s["apply"])
         end_to_end = full_bytes / sum(s[stage] for stage in ("encode", "publish", "fetch", "assemble", "apply"))
-        steps.append({
-            "version": row["version"], "loss_before": row["loss"], "exact": row["exact"],
-            "changed_fraction": k / n, "delta_bytes": row["bytes"], "full_bytes": full_bytes, "ratio": ratio,
-            "delta_bits_per_change": row["bytes"] * 8 / k, "difference_entropy_bits": row["difference_bits"],
-            "entropy_bound_bytes": {"global": global_bits / 8, "per_tensor": per_tensor_bits / 8, "with_differences": difference_bits / 8},
-            "bound_ratio": {"global": bound_ratio, "per_tensor": full_bytes * 8 / per_tensor_bits,
-                            "with_differences": full_bytes * 8 / difference_bits},
-            "fraction_of_bound": {"global": ratio / bound_ratio, "per_tensor": ratio / (full_bytes * 8 / per_tensor_bits),
-                                  "with_differences": ratio / (full_bytes * 8 / difference_bits)},
-            "reference_bytes": {"uint32_indices_values": 6 * k, "bitmap_values": n / 8 + 2 * k},
-            "seconds": s, "rate_GBps": rates, "publish_to_applied_ms": row["publish_to_applied_ms"],
-            "publish_plus_apply_GBps": publish_apply / 1e9, "end_to_end_GBps": end_to_end / 1e9,
-            "copy_GBps": row["copy_GBps"], "publish_plus_apply_of_copy": publish_apply / copy, "end_to_end_of_copy": end_to_end / copy,
-            "store_publish_plus_apply_of_copy": store_publish_apply / copy,
-        })
+        steps.append(
+            {
+                "version": row["version"],
+                "loss_before": row["loss"],
+                "exact": row["exact"],
+                "changed_fraction": k / n,
+                "delta_bytes": row["bytes"],
+                "full_bytes": full_bytes,
+                "ratio": ratio,
+                "delta_bits_per_change": row["bytes"] * 8 / k,
+                "difference_entropy_bits": row["difference_bits"],
+                "entropy_bound_bytes": {
+                    "global": global_bits / 8,
+                    "per_tensor": per_tensor_bits / 8,
+                    "with_differences": difference_bits / 8,
+                },
+                "bound_ratio": {
+                    "global": bound_ratio,
+                    "per_tensor": full_bytes * 8 / per_tensor_bits,
+                    "with_differences": full_bytes * 8 / difference_bits,
+                },
+                "fraction_of_bound": {
+                    "global": ratio / bound_ratio,
+                    "per_tensor": ratio / (full_bytes * 8 / per_tensor_bits),
+                    "with_differences": ratio / (full_bytes * 8 / difference_bits),
+                },
+                "reference_bytes": {"uint32_indices_values": 6 * k, "bitmap_values": n / 8 + 2 * k},
+                "seconds": s,
+                "rate_GBps": rates,
+                "publish_to_applied_ms": row["publish_to_applied_ms"],
+                "publish_plus_apply_GBps": publish_apply / 1e9,
+                "end_to_end_GBps": end_to_end / 1e9,
+                "copy_GBps": row["copy_GBps"],
+                "publish_plus_apply_of_copy": publish_apply / copy,
+                "end_to_end_of_copy": end_to_end / copy,
+                "store_publish_plus_apply_of_copy": store_publish_apply / copy,
+            }
+        )
     first = steps[0]
     return {
-        "full_version": {"bytes": full_bytes, "seconds": rows[0]["seconds"], "exact": rows[0]["exact"],
-                         "publish_to_applied_ms": rows[0]["publish_to_applied_ms"]},
+        "full_version": {
+            "bytes": full_bytes,
+            "seconds": rows[0]["seconds"],
+            "exact": rows[0]["exact"],
+            "publish_to_applied_ms": rows[0]["publish_to_applied_ms"],
+        },
         "copy_GBps": float(np.median([row["copy_GBps"] for row in rows])),
         "steps": steps,
         "targets": {
@@ -327,11 +415,13 @@ def plot(path: Path, summary: dict, caption: str) -> None:
     labels = [f"v{s['version']}\n{s['changed_fraction']:.2%} changed" for s in steps]
     x = np.arange(len(steps))
     mib = 2**20
-    series = [("uint32 idx + values", [s["reference_bytes"]["uint32_indices_values"] for s in steps]),
-              ("bitmap + values", [s["reference_bytes"]["bitmap_values"] for s in steps]),
-              ("entropy bound, 16-bit values", [s["entropy_bound_bytes"]["global"] for s in steps]),
-              ("our delta", [s["delta_bytes"] for s in steps]),
-              ("entropy bound, value differences", [s["entropy_bound_bytes"]["with_differences"] for s in steps])]
+    series = [
+        ("uint32 idx + values", [s["reference_bytes"]["uint32_indices_values"] for s in steps]),
+        ("bitmap + values", [s["reference_bytes"]["bitmap_values"] for s in steps]),
+        ("entropy bound, 16-bit values", [s["entropy_bound_bytes"]["global"] for s in steps]),
+        ("our delta", [s["delta_bytes"] for s in steps]),
+        ("entropy bound, value differences", [s["entropy_bound_bytes"]["with_differences"] for s in steps]),
+    ]
     for i, (name, values) in enumerate(series):
         bars = sizes.bar(x + (i - 2) * 0.16, [v / mib for v in values], 0.16, label=name)
         if name == "our delta":
@@ -345,8 +435,11 @@ def plot(path: Path, summary: dict, caption: str) -> None:
     first = steps[0]
     stages = ["encode", "publish", "fetch", "assemble", "apply", "store_publish", "store_fetch"]
     store_publish_apply = first["store_publish_plus_apply_of_copy"] * first["copy_GBps"]
-    values = ([first["copy_GBps"]] + [first["rate_GBps"][s] for s in stages]
-              + [first["publish_plus_apply_GBps"], store_publish_apply, first["end_to_end_GBps"]])
+    values = (
+        [first["copy_GBps"]]
+        + [first["rate_GBps"][s] for s in stages]
+        + [first["publish_plus_apply_GBps"], store_publish_apply, first["end_to_end_GBps"]]
+    )
     names = ["in-memory copy"] + stages + ["publish+apply", "store_publish+apply", "end to end"]
     colors = ["grey"] + ["tab:blue"] * 5 + ["tab:green"] * 2 + ["tab:orange", "tab:olive", "tab:red"]
     bars = speeds.bar(names, values, color=colors)
@@ -369,9 +462,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1, as the trainer's default train.threads: on a shared machine a second "
-                             "OpenMP thread stalls every parallel region while the other core is busy)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1, as the trainer's default train.threads: on a shared machine a second "
+        "OpenMP thread stalls every parallel region while the other core is busy)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each publish and apply stage; the best counts")
     parser.add_argument("--out", type=Path, default=RESULTS / "weights")
     args = parser.parse_args()
@@ -382,14 +479,25 @@ def main() -> None:
     summary = summarize(measured)
     first = summary["steps"][0]
     model_name = "tiny Qwen2 (--small)" if args.small else "Qwen2-0.5B-shaped"
-    caption = (f"{model_name}, {measured['parameters'] / 1e6:.1f}M params, AdamW lr {args.lr:g}, batch {args.batch}x{args.seq}, "
-               f"{args.threads} threads, {platform.machine()}, load average {load_before[0]:.1f}\nfirst delta {first['ratio']:.1f}x = "
-               f"{first['fraction_of_bound']['global']:.0%} of the 16-bit-value entropy bound "
-               f"({first['fraction_of_bound']['with_differences']:.0%} of the bound on value differences); publish+apply "
-               f"{first['publish_plus_apply_of_copy']:.0%} of copy (store transport: {first['store_publish_plus_apply_of_copy']:.0%})")
-    result = {"model": model_name, "parameters": measured["parameters"], "args": {k: str(v) for k, v in vars(args).items()},
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                          "load_average_before_after": [load_before, os.getloadavg()]}, **summary}
+    caption = (
+        f"{model_name}, {measured['parameters'] / 1e6:.1f}M params, AdamW lr {args.lr:g}, batch {args.batch}x{args.seq}, "
+        f"{args.threads} threads, {platform.machine()}, load average {load_before[0]:.1f}\nfirst delta {first['ratio']:.1f}x = "
+        f"{first['fraction_of_bound']['global']:.0%} of the 16-bit-value entropy bound "
+        f"({first['fraction_of_bound']['with_differences']:.0%} of the bound on value differences); publish+apply "
+        f"{first['publish_plus_apply_of_copy']:.0%} of copy (store transport: {first['store_publish_plus_apply_of_copy']:.0%})"
+    )
+    result = {
+        "model": model_name,
+        "parameters": measured["parameters"],
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_average_before_after": [load_before, os.getloadavg()],
+        },
+        **summary,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     plot(args.out.with_suffix(".png"), summary, caption)

@@ -16,8 +16,8 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
-from typing import NoReturn
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 

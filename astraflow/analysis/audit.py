@@ -31,10 +31,10 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from astraflow.attach import AttachedRun, decode_snapshot, read_snapshot
-from astraflow.training.checkpoint import TrainerState, read_latest_state
 from astraflow.log import TopicPartition
-from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
 from astraflow.rundir import RunDir
+from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
+from astraflow.training.checkpoint import TrainerState, read_latest_state
 
 UNKNOWN_VERSION = -1
 """Version of a trained sample that the checkpoint's history does not cover (an older trainer)."""
@@ -64,8 +64,13 @@ class PolicyAudit:
 
     @property
     def items(self) -> int:
-        return sum(self.trained.values()) + sum(self.filtered.values()) + sum(self.dead_lettered.values()) \
-            + sum(self.pending.values()) + len(self.lost)
+        return (
+            sum(self.trained.values())
+            + sum(self.filtered.values())
+            + sum(self.dead_lettered.values())
+            + sum(self.pending.values())
+            + len(self.lost)
+        )
 
     @property
     def accounted(self) -> int:
@@ -141,8 +146,13 @@ def held_by_faust_table(run: AttachedRun, policy: str) -> set[str]:
     return {entry[3].decode() for entry in entries if len(entry) == 4 and entry[1] == b"m"}
 
 
-def _audit_policy(run: AttachedRun, policy: str, letters: dict[tuple[str, int, int], DeadLetter],
-                  feedback: list[PromptStats], committed: dict[TopicPartition, int]) -> PolicyAudit:
+def _audit_policy(
+    run: AttachedRun,
+    policy: str,
+    letters: dict[tuple[str, int, int], DeadLetter],
+    feedback: list[PromptStats],
+    committed: dict[TopicPartition, int],
+) -> PolicyAudit:
     result = PolicyAudit(policy)
     trajectories = f"{run.name}.trajectories.{policy}"
     items: dict[str, list[tuple[int, int]]] = defaultdict(list)  # id → (partition, offset) of its records
@@ -163,8 +173,10 @@ def _audit_policy(run: AttachedRun, policy: str, letters: dict[tuple[str, int, i
     state = read_latest_state(RunDir(run.run_dir).checkpoints(policy)) or TrainerState(0, {}, 0)
     trained: dict[str, list[int]] = defaultdict(list)
     beyond_checkpoint: set[str] = set()
-    samples = sorted(((m, s) for m, s in decode_snapshot(run.log, f"{run.name}.samples.{policy}") if isinstance(s, TrainSample)),
-                     key=lambda pair: (pair[0].partition, pair[0].offset))  # others: dead-lettered by the trainer
+    samples = sorted(
+        ((m, s) for m, s in decode_snapshot(run.log, f"{run.name}.samples.{policy}") if isinstance(s, TrainSample)),
+        key=lambda pair: (pair[0].partition, pair[0].offset),
+    )  # others: dead-lettered by the trainer
     seen = _TrainerMemory(state, samples)
     for message, sample in samples:
         tid = sample.trajectory.trajectory_id
@@ -215,14 +227,20 @@ def audit_run(run: AttachedRun) -> AuditReport:
                 letters[(letter.topic, letter.partition, letter.offset)] = letter
                 if not letter.topic:
                     tasks[reason_kind(letter)] += 1
-    feedback = [stats for topic in run.topics_of("feedback")
-                for _, stats in decode_snapshot(run.log, topic) if isinstance(stats, PromptStats)]
+    feedback = [
+        stats
+        for topic in run.topics_of("feedback")
+        for _, stats in decode_snapshot(run.log, topic)
+        if isinstance(stats, PromptStats)
+    ]
     committed: dict[TopicPartition, int] = {}
     groups = run.log.group_offsets()
     policies = sorted(topic.rsplit(".", 1)[1] for topic in run.topics_of("trajectories"))
     for policy in policies:
         committed.update(groups.get(f"{run.name}.stream.{policy}", {}))
-    return AuditReport(run.name, [_audit_policy(run, p, letters, feedback, committed) for p in policies], dict(tasks.most_common()))
+    return AuditReport(
+        run.name, [_audit_policy(run, p, letters, feedback, committed) for p in policies], dict(tasks.most_common())
+    )
 
 
 def format_report(report: AuditReport, versions: bool = False) -> str:
@@ -248,7 +266,9 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
         lines.append(f"tasks dead-lettered before any trajectory: {_listing(report.tasks_dead_lettered)}")
     lost = sum(len(p.lost) for p in report.policies)
     twice = sum(len(p.trained_twice) for p in report.policies)
-    lines.append("OK: nothing lost, nothing trained twice" if report.ok else f"FAIL: {lost} lost, {twice} trained twice")
+    lines.append(
+        "OK: nothing lost, nothing trained twice" if report.ok else f"FAIL: {lost} lost, {twice} trained twice"
+    )
     return "\n".join(lines)
 
 

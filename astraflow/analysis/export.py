@@ -30,8 +30,15 @@ from astraflow.schemas.store import NAMESPACE, packaged_schemas
 
 FORMATS = ("jsonl", "parquet")
 BATCH_ROWS = 1000
-_PRIMITIVES = {"boolean": "bool_", "int": "int32", "long": "int64", "float": "float32", "double": "float64",
-               "bytes": "binary", "string": "string"}
+_PRIMITIVES = {
+    "boolean": "bool_",
+    "int": "int32",
+    "long": "int64",
+    "float": "float32",
+    "double": "float64",
+    "bytes": "binary",
+    "string": "string",
+}
 
 
 @dataclass
@@ -134,8 +141,12 @@ def arrow_schema(record_type: str, pa: Any) -> Any:
     """The Arrow schema of a packaged record type, with the ``_partition/_offset/_timestamp_ms`` columns."""
     schema = json.loads(packaged_schemas()[f"{NAMESPACE}.{record_type}"].text)
     named: dict[str, Any] = {}
-    columns = [pa.field(f["name"], _arrow_type(f["type"], pa, named), nullable=_nullable(f["type"])) for f in schema["fields"]]
-    return pa.schema(columns + [pa.field(name, pa.int64(), nullable=False) for name in ("_partition", "_offset", "_timestamp_ms")])
+    columns = [
+        pa.field(f["name"], _arrow_type(f["type"], pa, named), nullable=_nullable(f["type"])) for f in schema["fields"]
+    ]
+    return pa.schema(
+        columns + [pa.field(name, pa.int64(), nullable=False) for name in ("_partition", "_offset", "_timestamp_ms")]
+    )
 
 
 def _nullable(node: Any) -> bool:
@@ -147,7 +158,7 @@ def _arrow_type(node: Any, pa: Any, named: dict[str, Any]) -> Any:
     if isinstance(node, list):
         branches = [b for b in node if b != "null"]
         if len(branches) != 1:
-            raise SchemaError(f"cannot export the union {node} to parquet: only [\"null\", T] unions map to a column")
+            raise SchemaError(f'cannot export the union {node} to parquet: only ["null", T] unions map to a column')
         return _arrow_type(branches[0], pa, named)
     if isinstance(node, str):
         if node in _PRIMITIVES:
@@ -158,9 +169,12 @@ def _arrow_type(node: Any, pa: Any, named: dict[str, Any]) -> Any:
         return pa.list_(pa.from_numpy_dtype(NDARRAY_DTYPES[node["logicalType"]]))
     if kind == "record":
         full = node["name"] if "." in node["name"] else f"{node.get('namespace', NAMESPACE)}.{node['name']}"
-        named[full] = pa.struct([
-            pa.field(f["name"], _arrow_type(f["type"], pa, named), nullable=_nullable(f["type"])) for f in node["fields"]
-        ])
+        named[full] = pa.struct(
+            [
+                pa.field(f["name"], _arrow_type(f["type"], pa, named), nullable=_nullable(f["type"]))
+                for f in node["fields"]
+            ]
+        )
         return named[full]
     if kind == "array":
         return pa.list_(_arrow_type(node["items"], pa, named))

@@ -72,7 +72,9 @@ class ProducerTally:
     def observe(self, metric: Metric) -> None:
         if metric.name == SCALER_DESIRED_PRODUCERS:
             if self.decision is None or metric.created_ms >= self.decision.created_ms:
-                self.decision = ScalerDecision(int(metric.value), metric.labels.get("rule", ""), metric.labels.get("reason", ""), metric.created_ms)
+                self.decision = ScalerDecision(
+                    int(metric.value), metric.labels.get("rule", ""), metric.labels.get("reason", ""), metric.created_ms
+                )
             return
         if not metric.name.startswith(ROLLOUT_PREFIX):
             return
@@ -103,16 +105,20 @@ class ProducerTally:
         for name, p in sorted(self._producers.items()):
             history = sorted(p.history)
             recent = [point for point in history if point[0] >= start]
-            base = ([point for point in history if point[0] < start][-1:] or recent[:1])
-            out.append(ProducerRow(
-                producer=name, region=p.region, hardware=p.hardware,
-                trajectories=history[-1][1] if history else 0,
-                per_s=_rate(history[0], history[-1]) if history else 0.0,
-                recent_per_s=_rate(base[0], recent[-1]) if recent and base else 0.0,
-                version_lag=p.lags[-1] if p.lags else 0.0,
-                mean_version_lag=sum(p.lags) / len(p.lags) if p.lags else 0.0,
-                last_seen_ms=p.last_seen_ms,
-            ))
+            base = [point for point in history if point[0] < start][-1:] or recent[:1]
+            out.append(
+                ProducerRow(
+                    producer=name,
+                    region=p.region,
+                    hardware=p.hardware,
+                    trajectories=history[-1][1] if history else 0,
+                    per_s=_rate(history[0], history[-1]) if history else 0.0,
+                    recent_per_s=_rate(base[0], recent[-1]) if recent and base else 0.0,
+                    version_lag=p.lags[-1] if p.lags else 0.0,
+                    mean_version_lag=sum(p.lags) / len(p.lags) if p.lags else 0.0,
+                    last_seen_ms=p.last_seen_ms,
+                )
+            )
         return out
 
 

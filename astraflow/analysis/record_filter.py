@@ -29,9 +29,16 @@ from astraflow.errors import ConfigError
 from astraflow.schemas.records import Metric, TrainSample, Trajectory
 
 _NAME = r"[A-Za-z][A-Za-z0-9_]*"
-WHERE = re.compile(rf"\s*({_NAME}(?:\.[A-Za-z0-9_-]+)*)\s*(>=|<=|==|!=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*")
+WHERE = re.compile(
+    rf"\s*({_NAME}(?:\.[A-Za-z0-9_-]+)*)\s*(>=|<=|==|!=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+)
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
 }
 _MISSING = object()
 

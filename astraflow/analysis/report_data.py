@@ -14,12 +14,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from astraflow.config import load_config
-from astraflow.attach import AttachedRun, open_run, decode_snapshot, read_snapshot
 from astraflow.analysis.report import load_metrics
+from astraflow.attach import AttachedRun, decode_snapshot, open_run, read_snapshot
+from astraflow.config import load_config
 from astraflow.errors import ConfigError
-from astraflow.schemas.records import Metric, Trajectory
 from astraflow.rundir import RunDir
+from astraflow.schemas.records import Metric, Trajectory
 
 
 @dataclass
@@ -50,8 +50,11 @@ class ReportData:
 def from_log(run: AttachedRun) -> ReportData:
     """Everything the report shows, read from the run's topics."""
     metric_topic = f"{run.name}.metrics"
-    metrics = [r for _, r in decode_snapshot(run.log, metric_topic) if isinstance(r, Metric)] \
-        if metric_topic in run.log.list_topics() else []
+    metrics = (
+        [r for _, r in decode_snapshot(run.log, metric_topic) if isinstance(r, Metric)]
+        if metric_topic in run.log.list_topics()
+        else []
+    )
     trajectories: list[tuple[int, Trajectory]] = []
     stamps: dict[str, list[int]] = {}
     for topic in run.topics_of("trajectories"):
@@ -66,8 +69,16 @@ def from_log(run: AttachedRun) -> ReportData:
     start = min(firsts, default=0)
     rows: dict[str, list[dict]] = defaultdict(list)
     for m in metrics:
-        rows[m.name].append({"component": m.component, "name": m.name, "value": m.value, "step": m.step,
-                             "wall_s": (m.created_ms - start) / 1000, "labels": m.labels})
+        rows[m.name].append(
+            {
+                "component": m.component,
+                "name": m.name,
+                "value": m.value,
+                "step": m.step,
+                "wall_s": (m.created_ms - start) / 1000,
+                "labels": m.labels,
+            }
+        )
     rewards: dict[str, PolicyRewards] = defaultdict(PolicyRewards)
     for stamp, t in sorted(trajectories, key=lambda pair: pair[0]):
         points = rewards[t.policy]

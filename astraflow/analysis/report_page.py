@@ -51,12 +51,20 @@ def write_report_files(data: ReportData, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    draw = {"reward.png": _reward, "accuracy.png": _accuracy, "staleness.png": _staleness,
-            "throughput.png": _throughput, "version_lag.png": _version_lag}
+    draw = {
+        "reward.png": _reward,
+        "accuracy.png": _accuracy,
+        "staleness.png": _staleness,
+        "throughput.png": _throughput,
+        "version_lag.png": _version_lag,
+    }
     written = []
     for name, title in VIEWS.items():
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4)) if name in ("reward.png", "staleness.png", "throughput.png") \
+        fig, axes = (
+            plt.subplots(1, 2, figsize=(11, 4))
+            if name in ("reward.png", "staleness.png", "throughput.png")
             else plt.subplots(figsize=(7, 4))
+        )
         draw[name](data, np.atleast_1d(axes))
         fig.suptitle(f"{data.run}: {title}")
         fig.tight_layout()
@@ -158,7 +166,12 @@ def _per_instance(ax, rows: list[dict], what: str, step: bool = False) -> None:
     for instance, points in sorted(series.items()):
         points.sort(key=lambda r: r["wall_s"])
         plot = ax.step if step else ax.plot
-        plot([r["wall_s"] for r in points], [r["value"] for r in points], label=instance, **({"where": "post"} if step else {}))
+        plot(
+            [r["wall_s"] for r in points],
+            [r["value"] for r in points],
+            label=instance,
+            **({"where": "post"} if step else {}),
+        )
     if series:
         ax.legend(fontsize=7)
     else:
@@ -177,12 +190,12 @@ def _page(data: ReportData, out: Path) -> str:
     ]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
     figures = "".join(
-        f"<h2>{html.escape(title)}</h2><img alt=\"{name}\" src=\"data:image/png;base64,"
-        f"{base64.b64encode((out / name).read_bytes()).decode()}\">"
+        f'<h2>{html.escape(title)}</h2><img alt="{name}" src="data:image/png;base64,'
+        f'{base64.b64encode((out / name).read_bytes()).decode()}">'
         for name, title in {**VIEWS, "report.png": "Overview"}.items()
     )
     return (
-        "<!doctype html><html><head><meta charset=\"utf-8\">"
+        '<!doctype html><html><head><meta charset="utf-8">'
         f"<title>AstraFlow report: {html.escape(data.run)}</title>"
         "<style>body{font-family:sans-serif;max-width:1150px;margin:auto}img{max-width:100%}"
         "th{text-align:left;padding-right:1em}</style></head><body>"

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from astraflow.config import RunConfig, load_config, parse_config
-from astraflow.attach import offsets_at, open_run_log_readonly
 from astraflow.analysis.stats import GroupLag, group_lag
+from astraflow.attach import offsets_at, open_run_log_readonly
+from astraflow.config import RunConfig, load_config, parse_config
 from astraflow.errors import ConfigError, LogError
 from astraflow.log import Log, open_log
 from astraflow.rundir import RunDir
@@ -151,12 +151,16 @@ def list_runs(root: Path, bootstrap: str | None = None) -> list[RunInfo]:
             with ref.open_log() as log:
                 infos.append(describe_run(log, ref.name, run_dir, ref.backend, details=False))
         else:
-            info = RunInfo(ref.name, ref.backend, "finished" if RunDir(run_dir).summary.exists() else "unknown", run_dir)
+            info = RunInfo(
+                ref.name, ref.backend, "finished" if RunDir(run_dir).summary.exists() else "unknown", run_dir
+            )
             infos.append(info)
     if bootstrap:
         known = {info.name for info in infos if info.backend == "kafka"}
         with open_log("kafka", bootstrap=bootstrap) as log:
-            infos += [describe_run(log, name, None, "kafka", details=False) for name in namespaces(log) if name not in known]
+            infos += [
+                describe_run(log, name, None, "kafka", details=False) for name in namespaces(log) if name not in known
+            ]
     return infos
 
 
@@ -170,7 +174,9 @@ def remove_run(ref: RunRef, force: bool = False) -> list[str]:
     return what was removed. A live run is refused unless ``force``."""
     with ref.open_log() as log:
         if run_status(log, ref.name, ref.run_dir) == "live" and not force:
-            raise ConfigError(f"run {ref.name!r} is live (metrics in the last {LIVE_S:.0f} s); stop it first or pass --force")
+            raise ConfigError(
+                f"run {ref.name!r} is live (metrics in the last {LIVE_S:.0f} s); stop it first or pass --force"
+            )
         removed = []
         for topic in namespaces(log).get(ref.name, []):
             log.delete_topic(topic)

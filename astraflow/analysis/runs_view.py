@@ -16,8 +16,14 @@ def render_runs(infos: list[RunInfo]) -> Table:
         table.add_column(name, justify="right" if name in ("topics", "trajectories") else "left")
     for info in infos:
         topics = str(len(info.topics)) if info.topics else "-"
-        table.add_row(info.name, info.backend, info.status, topics, str(info.appended("trajectories")),
-                      str(info.run_dir) if info.run_dir else "-")
+        table.add_row(
+            info.name,
+            info.backend,
+            info.status,
+            topics,
+            str(info.appended("trajectories")),
+            str(info.run_dir) if info.run_dir else "-",
+        )
     return table
 
 

@@ -24,8 +24,8 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from astraflow.attach import AttachedRun, decode_snapshot, offsets_at
 from astraflow.analysis.producer_stats import ProducerRow, producer_rows
+from astraflow.attach import AttachedRun, decode_snapshot, offsets_at
 from astraflow.log import Log
 from astraflow.metric_names import STREAM_DROPPED_PREFIX, STREAM_STALENESS
 from astraflow.schemas.records import DeadLetter, Metric, Trajectory
@@ -87,8 +87,11 @@ class RunStats:
 def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
     """Take the snapshot described in the module docstring."""
     now = int(time.time() * 1000)
-    metrics = [record for _, record in decode_snapshot(run.log, f"{run.name}.metrics") if isinstance(record, Metric)] \
-        if f"{run.name}.metrics" in run.log.list_topics() else []
+    metrics = (
+        [record for _, record in decode_snapshot(run.log, f"{run.name}.metrics") if isinstance(record, Metric)]
+        if f"{run.name}.metrics" in run.log.list_topics()
+        else []
+    )
     span_s = (max(m.created_ms for m in metrics) - min(m.created_ms for m in metrics)) / 1000 if metrics else 0.0
     stats = RunStats(run.name, now, window_s, span_s)
     starts: dict[str, dict[int, int]] = {}
@@ -97,13 +100,15 @@ def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
         starts[topic] = offsets_at(run.log, topic, None)
         recent = offsets_at(run.log, topic, now - int(window_s * 1000))
         appended = sum(ends.values())
-        stats.throughput.append(TopicThroughput(
-            topic=topic,
-            appended=appended,
-            retained=sum(ends[p] - starts[topic][p] for p in ends),
-            per_s=appended / span_s if span_s > 0 else 0.0,
-            recent_per_s=sum(ends[p] - recent[p] for p in ends) / window_s,
-        ))
+        stats.throughput.append(
+            TopicThroughput(
+                topic=topic,
+                appended=appended,
+                retained=sum(ends[p] - starts[topic][p] for p in ends),
+                per_s=appended / span_s if span_s > 0 else 0.0,
+                recent_per_s=sum(ends[p] - recent[p] for p in ends) / window_s,
+            )
+        )
     stats.lag = group_lag(run.log, starts)
     stats.staleness = dict(sorted(Counter(int(m.value) for m in metrics if m.name == STREAM_STALENESS).items()))
     stats.drops = _drops(metrics)
@@ -111,7 +116,8 @@ def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
     stats.rewards = _rewards(run)
     if f"{run.name}.deadletter" in starts:
         letters = Counter(
-            reason_kind(record.reason) for _, record in decode_snapshot(run.log, f"{run.name}.deadletter")
+            reason_kind(record.reason)
+            for _, record in decode_snapshot(run.log, f"{run.name}.deadletter")
             if isinstance(record, DeadLetter)
         )
         stats.dead_letters = dict(letters.most_common())

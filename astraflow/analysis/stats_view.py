@@ -16,7 +16,9 @@ def render_stats(stats: RunStats) -> Group:
     for name in ("topic", "appended", "retained", "rec/s (run)", f"rec/s (last {stats.window_s:.0f} s)"):
         throughput.add_column(name, justify="left" if name == "topic" else "right")
     for row in stats.throughput:
-        throughput.add_row(row.topic, str(row.appended), str(row.retained), f"{row.per_s:.2f}", f"{row.recent_per_s:.2f}")
+        throughput.add_row(
+            row.topic, str(row.appended), str(row.retained), f"{row.per_s:.2f}", f"{row.recent_per_s:.2f}"
+        )
 
     lag = Table(title="consumer-group lag", title_justify="left")
     for name in ("group", "topic", "committed", "lag"):
@@ -35,7 +37,9 @@ def render_stats(stats: RunStats) -> Group:
     for name in ("policy", "version", "trajectories", "mean reward", "pass rate"):
         rewards.add_column(name, justify="left" if name == "policy" else "right")
     for cell in stats.rewards:
-        rewards.add_row(cell.policy, str(cell.version), str(cell.trajectories), f"{cell.mean_reward:.3f}", f"{cell.pass_rate:.3f}")
+        rewards.add_row(
+            cell.policy, str(cell.version), str(cell.trajectories), f"{cell.mean_reward:.3f}", f"{cell.pass_rate:.3f}"
+        )
 
     drops = Table(title="drop reasons", title_justify="left")
     for name in ("source", "reason", "count"):
@@ -45,9 +49,26 @@ def render_stats(stats: RunStats) -> Group:
     for reason, count in stats.dead_letters.items():
         drops.add_row("dead letter", reason, str(count))
     producers = Table(title="rollout producers", title_justify="left")
-    for name in ("producer", "region", "hardware", "trajectories", "traj/s (run)", f"traj/s (last {stats.window_s:.0f} s)", "version lag", "mean lag"):
+    for name in (
+        "producer",
+        "region",
+        "hardware",
+        "trajectories",
+        "traj/s (run)",
+        f"traj/s (last {stats.window_s:.0f} s)",
+        "version lag",
+        "mean lag",
+    ):
         producers.add_column(name, justify="left" if name in ("producer", "region", "hardware") else "right")
     for p in stats.producers:
-        producers.add_row(p.producer, p.region, p.hardware, str(p.trajectories), f"{p.per_s:.2f}", f"{p.recent_per_s:.2f}",
-                          f"{p.version_lag:.0f}", f"{p.mean_version_lag:.2f}")
+        producers.add_row(
+            p.producer,
+            p.region,
+            p.hardware,
+            str(p.trajectories),
+            f"{p.per_s:.2f}",
+            f"{p.recent_per_s:.2f}",
+            f"{p.version_lag:.0f}",
+            f"{p.mean_version_lag:.2f}",
+        )
     return Group(throughput, lag, staleness, rewards, drops, producers)

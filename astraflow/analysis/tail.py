@@ -52,7 +52,12 @@ def tail_topic(
                 continue
             last = time.monotonic()
             for message in messages:
-                head = {"topic": message.topic, "partition": message.partition, "offset": message.offset, "timestamp_ms": message.timestamp_ms}
+                head = {
+                    "topic": message.topic,
+                    "partition": message.partition,
+                    "offset": message.offset,
+                    "timestamp_ms": message.timestamp_ms,
+                }
                 try:
                     record = codec.decode(message.value)
                 except AstraFlowError as exc:

@@ -25,10 +25,10 @@ import shutil
 from pathlib import Path
 
 from astraflow.config import RunConfig
-from astraflow.tasks.catalog import is_multi_turn
 from astraflow.models.base import base_checkpoint_dir
-from astraflow.tasks.datasets import task_data_version
 from astraflow.rundir import RunDir, cache_root
+from astraflow.tasks.catalog import is_multi_turn
+from astraflow.tasks.datasets import task_data_version
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +36,19 @@ logger = logging.getLogger(__name__)
 def _cache_key(config: RunConfig) -> str:
     sections = {name: getattr(config, name).model_dump(mode="json") for name in ("model", "task", "warmup")}
     if config.role != "answer":  # keys of single-role runs stay what they were, so their caches stay valid
-        sections["role"] = {"role": config.role, "max_new_tokens": config.rollout.max_new_tokens, "rows": "false claims"}
+        sections["role"] = {
+            "role": config.role,
+            "max_new_tokens": config.rollout.max_new_tokens,
+            "rows": "false claims",
+        }
     if is_multi_turn(config.rollout.workflow):
         r = config.rollout
-        sections["agent"] = {"workflow": r.workflow, "reward": r.reward, "max_new_tokens": r.max_new_tokens, **config.agent.model_dump(mode="json")}
+        sections["agent"] = {
+            "workflow": r.workflow,
+            "reward": r.reward,
+            "max_new_tokens": r.max_new_tokens,
+            **config.agent.model_dump(mode="json"),
+        }
     version = task_data_version(config.task.kind)
     if version > 1:  # tasks whose generator never changed keep their keys, and their caches
         sections["data"] = {"version": version}
@@ -61,11 +70,21 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
     m, w = config.model, config.warmup
     multi_turn = is_multi_turn(config.rollout.workflow)
     tokenizer = build_char_tokenizer(task_alphabet(config.task.kind))
-    spec = TinyModelSpec(hidden_size=m.hidden, num_layers=m.layers, num_heads=m.heads, intermediate_size=4 * m.hidden, seed=m.seed)
-    model = build_tiny_model(tokenizer, spec if not multi_turn else TinyModelSpec(**{**vars(spec), "max_positions": AGENT_CONTEXT}))
+    spec = TinyModelSpec(
+        hidden_size=m.hidden, num_layers=m.layers, num_heads=m.heads, intermediate_size=4 * m.hidden, seed=m.seed
+    )
+    model = build_tiny_model(
+        tokenizer, spec if not multi_turn else TinyModelSpec(**{**vars(spec), "max_positions": AGENT_CONTEXT})
+    )
     train = load_policy_split(config, run_dir, "train", targets=True)
     heldout = load_policy_split(config, run_dir, "heldout", targets=True)
-    fit_options = {"max_steps": w.max_steps, "batch_size": w.batch_size, "lr": w.lr, "eval_every": w.eval_every, "seed": m.seed}
+    fit_options = {
+        "max_steps": w.max_steps,
+        "batch_size": w.batch_size,
+        "lr": w.lr,
+        "eval_every": w.eval_every,
+        "seed": m.seed,
+    }
     if multi_turn:
         result = _warm_up_on_demonstrations(config, run_dir, model, tokenizer, train, heldout, fit_options)
     else:
@@ -73,24 +92,35 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
 
         # the tiny model's context bounds what its evaluation may write (a simulated cluster's 4096-token budget is another model's)
         answer_tokens = min(config.rollout.max_new_tokens, spec.max_positions)
-        result = supervised_warmup(model, tokenizer, train, heldout, target_em=w.target_accuracy, max_new_tokens=answer_tokens, **fit_options)
+        result = supervised_warmup(
+            model, tokenizer, train, heldout, target_em=w.target_accuracy, max_new_tokens=answer_tokens, **fit_options
+        )
     logger.info("warm-up: held-out score %.3f after %d steps (%.1f s)", result.heldout_em, result.steps, result.seconds)
     save_policy(model, tokenizer, target)
-    (target / "warmup.json").write_text(json.dumps({"steps": result.steps, "heldout_em": result.heldout_em, "seconds": result.seconds, "curve": result.curve}))
+    (target / "warmup.json").write_text(
+        json.dumps(
+            {"steps": result.steps, "heldout_em": result.heldout_em, "seconds": result.seconds, "curve": result.curve}
+        )
+    )
 
 
-def _warm_up_on_demonstrations(config: RunConfig, run_dir: Path, model, tokenizer, train: list, heldout: list, fit_options: dict):
+def _warm_up_on_demonstrations(
+    config: RunConfig, run_dir: Path, model, tokenizer, train: list, heldout: list, fit_options: dict
+):
     from astraflow.basemodel.sft import demonstration_examples, fit
-    from astraflow.tasks.catalog import open_environments
     from astraflow.envs.episodes import AgentLimits, demonstrate
     from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
+    from astraflow.tasks.catalog import open_environments
     from astraflow.tasks.datasets import task_demonstration
 
     r = config.rollout
     make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(run_dir).data)
     limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
     turns = task_demonstration(config.task.kind)
-    transcripts = [demonstrate(make_env(evaluation_task(row, r.workflow), 0), turns(row), tokenizer, limits, row.prompt_id) for row in train]
+    transcripts = [
+        demonstrate(make_env(evaluation_task(row, r.workflow), 0), turns(row), tokenizer, limits, row.prompt_id)
+        for row in train
+    ]
     return fit(
         model,
         tokenizer.pad_token_id,

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from astraflow.training.step import PolicyExample, collate, response_logprobs
 from astraflow.envs.episodes import Transcript
 from astraflow.evaluation.heldout import evaluate_exact_match
 from astraflow.tasks.base import Problem
+from astraflow.training.step import PolicyExample, collate, response_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,9 @@ def demonstration_examples(transcripts: Sequence[Transcript]) -> list[PolicyExam
     examples = []
     for transcript in transcripts:
         response, _, _, mask = transcript.arrays()
-        examples.append(PolicyExample(transcript.prompt_ids, response, np.zeros(len(response), dtype=np.float32), mask, 0.0))
+        examples.append(
+            PolicyExample(transcript.prompt_ids, response, np.zeros(len(response), dtype=np.float32), mask, 0.0)
+        )
     return examples
 
 

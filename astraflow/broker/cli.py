@@ -32,8 +32,9 @@ _NOT_RUNNING = 3
 """Exit code of ``status`` when no broker runs, as for LSB init scripts."""
 
 
-def _broker(home: Optional[Path], port: Optional[int] = None, controller_port: Optional[int] = None,
-            jars: Optional[Path] = None) -> "LocalKafkaBroker":
+def _broker(
+    home: Optional[Path], port: Optional[int] = None, controller_port: Optional[int] = None, jars: Optional[Path] = None
+) -> "LocalKafkaBroker":
     from astraflow.broker.local import LocalKafkaBroker, default_home
 
     return LocalKafkaBroker(home or default_home(), port, controller_port, jar_cache=jars or default_home())

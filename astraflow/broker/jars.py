@@ -42,8 +42,18 @@ def fetch_jars(libs_dir: Path, version: str = KAFKA_VERSION) -> Path:
         pom = Path(work) / "pom.xml"
         pom.write_bytes(resources.files(__package__).joinpath(_POM).read_bytes())
         out = Path(work) / "libs"
-        cmd = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom), "dependency:copy-dependencies",
-               f"-DoutputDirectory={out}", "-DincludeScope=runtime", f"-Dkafka.version={version}"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+            f"-Dkafka.version={version}",
+        ]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=_FETCH_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:

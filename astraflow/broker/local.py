@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from astraflow.errors import BrokerError
 from astraflow.broker.jars import KAFKA_VERSION, fetch_jars
+from astraflow.errors import BrokerError
 
 logger = logging.getLogger(__name__)
 
@@ -128,21 +128,43 @@ class LocalKafkaBroker:
         self._format(java, libs, props)
         log4j = self.home / "log4j2.xml"
         log4j.write_bytes(resources.files(__package__).joinpath(_LOG4J).read_bytes())
-        cmd = [java, f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
-               "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
-               f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+        cmd = [
+            java,
+            f"-Xmx{self.heap}",
+            "-Xms256m",
+            "-XX:+UseG1GC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}",
+            f"-Dkafka.logs.dir={self.home / 'logs'}",
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(props),
+        ]
         started = time.monotonic()
         with self.log_file.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=self.home, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.home,
+                start_new_session=True,
+            )
         self._pid_file.write_text(str(proc.pid))
         try:
             self._wait_serving(proc, timeout)
         except BrokerError:
             self.stop(timeout=10.0)
             raise
-        logger.info("Kafka %s serves at %s (pid %d) after %.1fs", self.version, self.bootstrap, proc.pid,
-                    time.monotonic() - started)
+        logger.info(
+            "Kafka %s serves at %s (pid %d) after %.1fs",
+            self.version,
+            self.bootstrap,
+            proc.pid,
+            time.monotonic() - started,
+        )
 
     def status(self) -> BrokerStatus:
         """Whether this home's broker process is alive (its pid file names a live Kafka JVM)."""
@@ -221,8 +243,19 @@ class LocalKafkaBroker:
         """Format the KRaft storage once; a formatted data dir keeps its topics across restarts."""
         if (self._data_dir / "meta.properties").exists():
             return
-        cmd = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-cp", f"{libs}/*",
-               "kafka.tools.StorageTool", "format", "-t", self._cluster_id, "-c", str(props)]
+        cmd = [
+            java,
+            "-Xmx256m",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+            f"{libs}/*",
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            self._cluster_id,
+            "-c",
+            str(props),
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             raise BrokerError(f"formatting {self._data_dir} failed:\n{_tail(result.stdout + result.stderr)}")

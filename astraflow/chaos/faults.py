@@ -110,7 +110,9 @@ class RunProbe:
 class FaultInjector:
     """Injects faults into the run in ``run_dir`` that ``launcher`` (the ``astraflow run`` process) drives."""
 
-    def __init__(self, run_dir: Path, launcher: subprocess.Popen, seed: int = 0, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
+    def __init__(
+        self, run_dir: Path, launcher: subprocess.Popen, seed: int = 0, timeout_s: float = 120.0, poll_s: float = 0.2
+    ) -> None:
         self.probe = RunProbe(run_dir)
         self.launcher = launcher
         self.rng = random.Random(seed)
@@ -129,7 +131,9 @@ class FaultInjector:
             if self.launcher.poll() is not None:
                 raise FaultError(f"the run ended (exit {self.launcher.returncode}) while waiting for {what}")
             if time.monotonic() > deadline:
-                raise FaultError(f"timed out waiting for {what} (version {self.probe.version}, pids {self.probe.pids()})")
+                raise FaultError(
+                    f"timed out waiting for {what} (version {self.probe.version}, pids {self.probe.pids()})"
+                )
             time.sleep(self.poll_s)
 
     def wait_for_version(self, version: int) -> None:
@@ -156,8 +160,14 @@ class FaultInjector:
         broker.start(timeout=start_timeout_s)
         return self._record(Fault("broker", bootstrap, version, at - self.started, time.monotonic() - at))
 
-    def run_schedule(self, schedule: list[str], first_version: int, gaps: tuple[int, int], broker: Broker | None = None,
-                     bootstrap: str = "") -> None:
+    def run_schedule(
+        self,
+        schedule: list[str],
+        first_version: int,
+        gaps: tuple[int, int],
+        broker: Broker | None = None,
+        bootstrap: str = "",
+    ) -> None:
         """Inject ``schedule`` (kinds, or ``broker``) in order: the first once ``first_version`` is
         published, each next one a random ``gaps`` (inclusive) versions after the version reached
         once the previous fault was recovered from."""

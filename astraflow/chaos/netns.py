@@ -95,8 +95,10 @@ class RemoteRegion:
         self.ip("link", "set", "lo", "up")
         burst = max(16 * 1024, int(self.rate_mbit * 1e6 / 8 / 100))  # at least rate / HZ (100)
         shape = ["root", "tbf", "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "latency", "200ms"]
-        for command in (["tc", "qdisc", "add", "dev", self.host_if, *shape],
-                        ["ip", "netns", "exec", self.netns, "tc", "qdisc", "add", "dev", self.region_if, *shape]):
+        for command in (
+            ["tc", "qdisc", "add", "dev", self.host_if, *shape],
+            ["ip", "netns", "exec", self.netns, "tc", "qdisc", "add", "dev", self.region_if, *shape],
+        ):
             result = subprocess.run(command, capture_output=True, text=True, timeout=30)
             if result.returncode != 0:
                 raise NetnsError(f"{' '.join(command)}: {result.stderr.strip()}")
@@ -114,10 +116,34 @@ class RemoteRegion:
         """Make the broker at ``bootstrap`` (``127.0.0.1:PORT``) reachable from the region at the same
         address, over the slow link (module docstring); returns the address clients in the region use."""
         host, port = bootstrap.rsplit(":", 1)
-        self._relay([sys.executable, "-m", "astraflow.chaos.delay_proxy", "--listen", f"{self.host_ip}:{port}",
-                     "--upstream", f"{host}:{port}", "--delay-ms", str(self.delay_ms)])
-        self._relay(self.argv([sys.executable, "-m", "astraflow.chaos.delay_proxy", "--listen", f"127.0.0.1:{port}",
-                               "--upstream", f"{self.host_ip}:{port}", "--delay-ms", "0"]))
+        self._relay(
+            [
+                sys.executable,
+                "-m",
+                "astraflow.chaos.delay_proxy",
+                "--listen",
+                f"{self.host_ip}:{port}",
+                "--upstream",
+                f"{host}:{port}",
+                "--delay-ms",
+                str(self.delay_ms),
+            ]
+        )
+        self._relay(
+            self.argv(
+                [
+                    sys.executable,
+                    "-m",
+                    "astraflow.chaos.delay_proxy",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--upstream",
+                    f"{self.host_ip}:{port}",
+                    "--delay-ms",
+                    "0",
+                ]
+            )
+        )
         return f"127.0.0.1:{port}"
 
     def _relay(self, argv: list[str]) -> None:

@@ -200,7 +200,9 @@ def check_pipeline(specs: list) -> None:
     names = [spec.op for spec in specs]
     advantages = [spec.op for spec in specs if spec.advantage]
     if len(advantages) != 1:
-        raise ValueError(f"needs exactly one advantage operator ({', '.join(ADVANTAGE_SPECS)}), got {advantages or 'none'}")
+        raise ValueError(
+            f"needs exactly one advantage operator ({', '.join(ADVANTAGE_SPECS)}), got {advantages or 'none'}"
+        )
     if "reward_norm" in names and names.index("reward_norm") > names.index(advantages[0]):
         raise ValueError(f"reward_norm must come before {advantages[0]} (it rescales the rewards the advantage reads)")
     rank = {"group": 0, "mixer": 1, "ordering": 2}

@@ -96,7 +96,8 @@ class RunConfig(Section):
         for name in self.policy_names():
             override = (self.policies or {}).get(name)
             stream, where = (
-                (override.stream, f"policies.{name}.stream") if override and override.stream
+                (override.stream, f"policies.{name}.stream")
+                if override and override.stream
                 else (self.stream, "stream")
             )
             if self.mode == "lockstep" and "max_staleness" in stream.model_fields_set and stream.max_staleness:
@@ -109,14 +110,18 @@ class RunConfig(Section):
                 engine.type == train.backend == "simulated"
                 and engine.simulated.time_scale != train.simulated.time_scale
             ):
-                raise ValueError(f"engine.simulated.time_scale ({engine.simulated.time_scale}) and "
-                                 f"train.simulated.time_scale ({train.simulated.time_scale}) of policy {name!r} "
-                                 f"must be equal, or the simulated cluster runs at two speeds")
+                raise ValueError(
+                    f"engine.simulated.time_scale ({engine.simulated.time_scale}) and "
+                    f"train.simulated.time_scale ({train.simulated.time_scale}) of policy {name!r} "
+                    f"must be equal, or the simulated cluster runs at two speeds"
+                )
         if self.rollout.workflow == "solver_verifier":
             roles = sorted(self.for_policy(name).role for name in self.policy_names())
             if roles != ["answer", "judge"]:
-                raise ValueError(f"policies: workflow 'solver_verifier' needs one policy with role 'answer' and one "
-                                 f"with role 'judge', got roles {roles}")
+                raise ValueError(
+                    f"policies: workflow 'solver_verifier' needs one policy with role 'answer' and one "
+                    f"with role 'judge', got roles {roles}"
+                )
         return self
 
     @model_validator(mode="after")
@@ -129,10 +134,7 @@ class RunConfig(Section):
         return self
 
     def stream_runtime(self) -> str:
-        (
-            "The stream runtime this (narrowed) config runs: ``stream.runtime``, else faust on Kafka, native on the "
-            "embedded log."
-        )
+        "The stream runtime this (narrowed) config runs: ``stream.runtime``, else faust on Kafka, native on the embedded log."
         return self.stream.runtime or ("faust" if self.log.backend == "kafka" else "native")
 
     def policy_names(self) -> tuple[str, ...]:
@@ -149,19 +151,21 @@ class RunConfig(Section):
         if self.mode == "lockstep":
             stream = stream.model_copy(update={"max_staleness": 0})
         rollout_override = override.rollout or PolicyRolloutConfig()
-        rollout = self.rollout.model_copy(update={
-            k: v for k in rollout_override.model_fields_set if (v := getattr(rollout_override, k)) is not None
-        })
-        return self.model_copy(update={
-            "policy": name,
-            "role": override.role or self.role,
-            "model": _merged(self.model, override.model, f"{where}.model"),
-            "warmup": _merged(self.warmup, override.warmup, f"{where}.warmup"),
-            "train": _merged(self.train, override.train, f"{where}.train"),
-            "stream": stream,
-            "rollout": rollout,
-            "engine": _merged(self.engine, override.engine, f"{where}.engine"),
-        })
+        rollout = self.rollout.model_copy(
+            update={k: v for k in rollout_override.model_fields_set if (v := getattr(rollout_override, k)) is not None}
+        )
+        return self.model_copy(
+            update={
+                "policy": name,
+                "role": override.role or self.role,
+                "model": _merged(self.model, override.model, f"{where}.model"),
+                "warmup": _merged(self.warmup, override.warmup, f"{where}.warmup"),
+                "train": _merged(self.train, override.train, f"{where}.train"),
+                "stream": stream,
+                "rollout": rollout,
+                "engine": _merged(self.engine, override.engine, f"{where}.engine"),
+            }
+        )
 
 
 def write_config_over(base: Path, path: Path, **sections: object) -> Path:

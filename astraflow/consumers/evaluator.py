@@ -20,8 +20,8 @@ import time
 
 from astraflow.context import ComponentContext
 from astraflow.metric_names import EVAL_ACCURACY, EVAL_SECONDS
-from astraflow.weights.follow import WeightFollower
 from astraflow.rundir import RunDir
+from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +51,22 @@ class Evaluator:
         config = self.ctx.config
         r = config.rollout
         if is_multi_turn(r.workflow):
-            from astraflow.tasks.catalog import open_environments
             from astraflow.envs.episodes import AgentLimits
             from astraflow.evaluation.heldout import evaluate_episodes
+            from astraflow.tasks.catalog import open_environments
 
             make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(self.ctx.run_dir).data)
             limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
-            return lambda: evaluate_episodes(self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow)
+            return lambda: evaluate_episodes(
+                self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow
+            )
         from astraflow.evaluation.heldout import evaluate_exact_match
         from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
 
         reward = judge_reward if config.role == "judge" else exact_match_reward
-        return lambda: evaluate_exact_match(self.model, self.tokenizer, self.heldout, max_new_tokens=r.max_new_tokens, reward=reward)
+        return lambda: evaluate_exact_match(
+            self.model, self.tokenizer, self.heldout, max_new_tokens=r.max_new_tokens, reward=reward
+        )
 
     def due(self, version: int) -> bool:
         every = self.ctx.config.eval.every_versions

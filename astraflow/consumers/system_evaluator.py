@@ -36,10 +36,14 @@ class SystemEvaluator:
         torch.set_num_threads(cfg.eval.threads)
         roles = {cfg.for_policy(name).role: cfg.for_policy(name) for name in cfg.policy_names()}
         if set(roles) != {"answer", "judge"}:
-            raise ConfigError("policies: the system evaluator needs a policy with role 'answer' and one with role 'judge'")
+            raise ConfigError(
+                "policies: the system evaluator needs a policy with role 'answer' and one with role 'judge'"
+            )
         self.ctx = ctx
         self.answer, self.judge = roles["answer"], roles["judge"]
-        self.models = {c.policy: load_policy(base_checkpoint_path(c, ctx.run_dir))[0] for c in (self.answer, self.judge)}
+        self.models = {
+            c.policy: load_policy(base_checkpoint_path(c, ctx.run_dir))[0] for c in (self.answer, self.judge)
+        }
         self.tokenizer = load_policy(base_checkpoint_path(self.answer, ctx.run_dir))[1]
         self.heldout = load_task_split(cfg.task, ctx.run_dir, "heldout")
         self.versions = {policy: 0 for policy in self.models}
@@ -50,16 +54,29 @@ class SystemEvaluator:
 
         a, j = self.answer, self.judge
         result = evaluate_system(
-            self.models[a.policy], self.models[j.policy], self.tokenizer, self.heldout,
-            k=a.rollout.system_samples, answer_tokens=a.rollout.max_new_tokens, judge_tokens=j.rollout.max_new_tokens,
-            temperature=a.rollout.temperature, seed=a.task.seed,
+            self.models[a.policy],
+            self.models[j.policy],
+            self.tokenizer,
+            self.heldout,
+            k=a.rollout.system_samples,
+            answer_tokens=a.rollout.max_new_tokens,
+            judge_tokens=j.rollout.max_new_tokens,
+            temperature=a.rollout.temperature,
+            seed=a.task.seed,
         )
         self.scored = dict(self.versions)
         label = ",".join(f"{policy}={version}" for policy, version in self.versions.items())
         for name, value in vars(result).items():
             self.ctx.metric(eval_system(name), value, self.versions[a.policy], versions=label)
         self.ctx.producer.flush()
-        logger.info("versions %s: alone %.3f, judged %.3f (pass@k %.3f, judge %.3f)", label, result.alone, result.judged, result.pass_at_k, result.judge_accuracy)
+        logger.info(
+            "versions %s: alone %.3f, judged %.3f (pass@k %.3f, judge %.3f)",
+            label,
+            result.alone,
+            result.judged,
+            result.pass_at_k,
+            result.judge_accuracy,
+        )
 
     def due(self) -> bool:
         every = self.ctx.config.eval.every_versions
@@ -67,7 +84,10 @@ class SystemEvaluator:
 
     def run(self, stop: threading.Event) -> None:
         self.evaluate()
-        followers = {policy: WeightFollower(self.ctx.log, self.ctx.topics.weights(policy), payload=True).start() for policy in self.models}
+        followers = {
+            policy: WeightFollower(self.ctx.log, self.ctx.topics.weights(policy), payload=True).start()
+            for policy in self.models
+        }
         try:
             while not stop.is_set():
                 moved = False

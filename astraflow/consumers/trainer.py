@@ -29,10 +29,10 @@ from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Message, TopicPartition
 from astraflow.metric_names import TRAIN_VERSION, train_metric
-from astraflow.training.checkpoint import RECALL_WINDOW
-from astraflow.schemas.records import TrainSample
-from astraflow.weights.publish import WeightPublisher
 from astraflow.rundir import RunDir
+from astraflow.schemas.records import TrainSample
+from astraflow.training.checkpoint import RECALL_WINDOW
+from astraflow.weights.publish import WeightPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +82,11 @@ class Trainer:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         import torch
 
+        from astraflow.models.base import base_checkpoint_path
+        from astraflow.models.loading import load_policy
         from astraflow.training.checkpoint import CheckpointStore
         from astraflow.training.learner import build_learner
         from astraflow.training.step import PolicyStepConfig
-        from astraflow.models.base import base_checkpoint_path
-        from astraflow.models.loading import load_policy
 
         cfg = ctx.config.train
         torch.set_num_threads(cfg.threads)
@@ -104,10 +104,21 @@ class Trainer:
             eps_low=cfg.clip_low,
             eps_high=cfg.clip_high,
         )
-        self.learner = build_learner(cfg.backend, model, self.tokenizer.pad_token_id, step_config, deepspeed=cfg.deepspeed,
-                                     simulated=cfg.simulated)
-        logger.info("trainer backend %s%s", cfg.backend, f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload "
-                    f"{cfg.deepspeed.offload_optimizer})" if cfg.backend == "deepspeed" else "")
+        self.learner = build_learner(
+            cfg.backend,
+            model,
+            self.tokenizer.pad_token_id,
+            step_config,
+            deepspeed=cfg.deepspeed,
+            simulated=cfg.simulated,
+        )
+        logger.info(
+            "trainer backend %s%s",
+            cfg.backend,
+            f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload {cfg.deepspeed.offload_optimizer})"
+            if cfg.backend == "deepspeed"
+            else "",
+        )
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
         restored = self.checkpoints.restore(model, self.learner.optimizer)
         self.learner.version = restored.version if restored else 0
@@ -117,7 +128,9 @@ class Trainer:
         self.resumes = restored.resumes + [dict(restored.offsets)] if restored else []
         if restored:
             logger.info("resumed %s at version %d from offsets %s", policy, restored.version, self.offsets)
-        self.publisher = WeightPublisher(ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights, log=ctx.log)
+        self.publisher = WeightPublisher(
+            ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights, log=ctx.log
+        )
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
@@ -156,7 +169,9 @@ class Trainer:
         finally:
             consumer.close()
 
-    def _recall_trained(self, partitions: list[TopicPartition], assembler: BatchAssembler, window: int = RECALL_WINDOW) -> None:
+    def _recall_trained(
+        self, partitions: list[TopicPartition], assembler: BatchAssembler, window: int = RECALL_WINDOW
+    ) -> None:
         """After a restart, re-read the ids of the last ``window`` samples below the checkpointed offsets.
 
         A stream processor that crashed between emitting a group and committing its input emits the
@@ -194,7 +209,13 @@ class Trainer:
         learner = self.learner
         staleness = [learner.version - s.trajectory.min_version for s in batch]
         examples = [
-            PolicyExample(s.trajectory.prompt_ids, s.trajectory.response_ids, s.trajectory.behaviour_logprobs, s.trajectory.loss_mask, s.advantage)
+            PolicyExample(
+                s.trajectory.prompt_ids,
+                s.trajectory.response_ids,
+                s.trajectory.behaviour_logprobs,
+                s.trajectory.loss_mask,
+                s.advantage,
+            )
             for s in batch
         ]
         stats = learner.step(examples)
@@ -203,15 +224,32 @@ class Trainer:
         self.offsets[last.partition] = last.offset + 1
         self.history.append((version, dict(self.offsets)))
         if version % ctx.config.train.checkpoint_every == 0:
-            state = TrainerState(version, dict(self.offsets), self.trained_samples, list(self.history), list(self.resumes), RECALL_WINDOW)
+            state = TrainerState(
+                version, dict(self.offsets), self.trained_samples, list(self.history), list(self.resumes), RECALL_WINDOW
+            )
             self.checkpoints.save(learner.model, learner.optimizer, state)
         manifest = self.publisher.publish(learner.model.state_dict(), version)
         changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
-        figures = {"loss": stats.loss, "grad_norm": stats.grad_norm, "step_seconds": stats.seconds, "wait_seconds": waited,
-                   "staleness_max": max(staleness), "samples": self.trained_samples, "weights_bytes": manifest.total_bytes,
-                   "weights_changed_fraction": changed, **stats.loss_stats}
+        figures = {
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "step_seconds": stats.seconds,
+            "wait_seconds": waited,
+            "staleness_max": max(staleness),
+            "samples": self.trained_samples,
+            "weights_bytes": manifest.total_bytes,
+            "weights_changed_fraction": changed,
+            **stats.loss_stats,
+        }
         for name, value in figures.items():
             ctx.metric(train_metric(name), value, version, policy=self.policy)
         ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
         ctx.producer.flush()
-        logger.info("version %d: loss %.4f, grad norm %.3f, %d samples, %.2f s", version, stats.loss, stats.grad_norm, len(batch), stats.seconds)
+        logger.info(
+            "version %d: loss %.4f, grad norm %.3f, %d samples, %.2f s",
+            version,
+            stats.loss,
+            stats.grad_norm,
+            len(batch),
+            stats.seconds,
+        )

@@ -19,8 +19,8 @@ __all__ = ["ENGINES", "Engine", "EngineError", "Generation", "build_engine"]
 
 
 def _torch(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
-    from astraflow.models.loading import load_policy
     from astraflow.engines.torch_engine import TorchEngine
+    from astraflow.models.loading import load_policy
 
     model, tokenizer = load_policy(checkpoint, device=config.device, dtype=config.dtype)
     return TorchEngine(model, tokenizer, seed=seed, chat_template=config.chat_template)
@@ -41,8 +41,8 @@ def _vllm(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
 
 
 def _openai(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
-    from astraflow.models.loading import load_tokenizer
     from astraflow.engines.openai_api import OpenAIEngine
+    from astraflow.models.loading import load_tokenizer
 
     options = config.openai
     return OpenAIEngine(
@@ -59,13 +59,18 @@ def _openai(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
 
 
 def _simulated(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
-    from astraflow.models.loading import load_tokenizer
     from astraflow.engines.simulated import SimulatedEngine
+    from astraflow.models.loading import load_tokenizer
 
     return SimulatedEngine(load_tokenizer(checkpoint), config.simulated, seed=seed)
 
 
-ENGINES: dict[str, Callable[[EngineConfig, Path, int | None], Engine]] = {"torch": _torch, "vllm": _vllm, "openai": _openai, "simulated": _simulated}
+ENGINES: dict[str, Callable[[EngineConfig, Path, int | None], Engine]] = {
+    "torch": _torch,
+    "vllm": _vllm,
+    "openai": _openai,
+    "simulated": _simulated,
+}
 
 
 def build_engine(config: EngineConfig, checkpoint: Path, seed: int | None = None) -> Engine:

@@ -47,7 +47,9 @@ class TokenEngine(Protocol):
     tokenizer: object
     version: int
 
-    def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False) -> list[TurnSample]:
+    def generate_ids(
+        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[TurnSample]:
         """One continuation of each context, in order."""
 
 
@@ -81,32 +83,46 @@ class Engine(ABC):
         """Token ids of each prompt: as one user turn of the chat template, or the raw text."""
         if self.chat_template:
             ids = [
-                self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False)
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+                )
                 for prompt in prompts
             ]
         else:
             ids = self.tokenizer(list(prompts))["input_ids"]
         return [np.asarray(row, dtype=np.int32) for row in ids]
 
-    def generate(self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, greedy: bool = False) -> list[list[Generation]]:
+    def generate(
+        self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[list[Generation]]:
         """``n`` responses for each prompt, in prompt order; ``greedy`` takes the argmax (T ignored)."""
         prompt_ids = self.encode(prompts)
         rows = self.sample(prompt_ids, n, max_new_tokens, temperature, greedy)
         texts = self.tokenizer.batch_decode([row.ids for row in rows], skip_special_tokens=True)
         return [
             [
-                Generation(prompt_ids[index], rows[row].ids, rows[row].logprobs, texts[row], "stop" if rows[row].stopped else "length")
+                Generation(
+                    prompt_ids[index],
+                    rows[row].ids,
+                    rows[row].logprobs,
+                    texts[row],
+                    "stop" if rows[row].stopped else "length",
+                )
                 for row in range(index * n, (index + 1) * n)
             ]
             for index in range(len(prompt_ids))
         ]
 
-    def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False) -> list[TurnSample]:
+    def generate_ids(
+        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[TurnSample]:
         """One continuation of each token context, in order."""
         return self.sample(contexts, 1, max_new_tokens, temperature, greedy)
 
     @abstractmethod
-    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+    def sample(
+        self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
         """``n`` continuations per context; row ``i * n + j`` is sample ``j`` of context ``i``."""
 
     @abstractmethod

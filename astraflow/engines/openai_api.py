@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from astraflow.engines.base import Engine, EngineError
-from astraflow.engines.base import TurnSample
+from astraflow.engines.base import Engine, EngineError, TurnSample
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +76,9 @@ class OpenAIEngine(Engine):
         self._check_server()
 
     def _post(self, path: str, body: dict, url: str | None = None) -> dict:
-        request = urllib.request.Request(url or f"{self.base_url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url or f"{self.base_url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.loads(response.read())
@@ -92,14 +93,18 @@ class OpenAIEngine(Engine):
             with urllib.request.urlopen(f"{self.base_url}/models", timeout=self.timeout_s) as response:
                 models = json.loads(response.read())["data"]
         except (urllib.error.URLError, OSError, json.JSONDecodeError, KeyError) as exc:
-            raise EngineError(f"{self.base_url}/models: cannot list the served models ({exc}); set engine.openai.model") from exc
+            raise EngineError(
+                f"{self.base_url}/models: cannot list the served models ({exc}); set engine.openai.model"
+            ) from exc
         if not models:
             raise EngineError(f"{self.base_url}/models lists no model; set engine.openai.model")
         return models[0]["id"]
 
     def _check_server(self) -> None:
         """The two probes of the module docstring; ``EngineError`` naming what the server lacks."""
-        plain = self._post("/completions", {"model": self.model, "prompt": "1", "max_tokens": 1, "temperature": 1.0, "logprobs": 1})
+        plain = self._post(
+            "/completions", {"model": self.model, "prompt": "1", "max_tokens": 1, "temperature": 1.0, "logprobs": 1}
+        )
         choice = (plain.get("choices") or [{}])[0]
         if not (choice.get("logprobs") or {}).get("token_logprobs"):
             raise EngineError(
@@ -111,7 +116,9 @@ class OpenAIEngine(Engine):
         if not probe:
             raise EngineError(f"{self.base_url} returned no choices for a token-id prompt")
 
-    def _request(self, context: np.ndarray, n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+    def _request(
+        self, context: np.ndarray, n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
         body = {
             "model": self.model,
             "prompt": [int(token) for token in context],
@@ -123,7 +130,9 @@ class OpenAIEngine(Engine):
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
-        choices = sorted(self._post("/completions", body).get("choices") or [], key=lambda choice: choice.get("index", 0))
+        choices = sorted(
+            self._post("/completions", body).get("choices") or [], key=lambda choice: choice.get("index", 0)
+        )
         return [self._turn(choice) for choice in choices]
 
     def _turn(self, choice: dict) -> TurnSample:
@@ -140,20 +149,32 @@ class OpenAIEngine(Engine):
             ids = [int(token[len(TOKEN_ID_PREFIX) :]) for token in tokens]
         if values is None or len(values) != len(ids) or any(value is None for value in values):
             raise EngineError(f"{self.base_url} returned {len(ids)} tokens but log-probs {values!r:.200}")
-        return TurnSample(np.asarray(ids, dtype=np.int32), np.asarray(values, dtype=np.float32), choice.get("finish_reason") == "stop")
+        return TurnSample(
+            np.asarray(ids, dtype=np.int32), np.asarray(values, dtype=np.float32), choice.get("finish_reason") == "stop"
+        )
 
-    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+    def sample(
+        self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(contexts)))) as pool:
-            groups = list(pool.map(lambda context: self._request(context, n, max_new_tokens, temperature, greedy), contexts))
+            groups = list(
+                pool.map(lambda context: self._request(context, n, max_new_tokens, temperature, greedy), contexts)
+            )
         for context, group in zip(contexts, groups, strict=True):
             if len(group) != n:
-                raise EngineError(f"{self.base_url} returned {len(group)} choices for n={n} (context of {len(context)} tokens)")
+                raise EngineError(
+                    f"{self.base_url} returned {len(group)} choices for n={n} (context of {len(context)} tokens)"
+                )
         return [row for group in groups for row in group]
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         if not self.refreshable:
             if not self._told_fixed:
-                logger.warning("%s serves fixed weights (engine.openai.weight_update: none): trajectories stay at version %d", self.base_url, self.version)
+                logger.warning(
+                    "%s serves fixed weights (engine.openai.weight_update: none): trajectories stay at version %d",
+                    self.base_url,
+                    self.version,
+                )
                 self._told_fixed = True
             return
         self._update_from_disk(state, version)
@@ -178,8 +199,12 @@ class OpenAIEngine(Engine):
                 unique[name] = tensor.detach().contiguous().cpu()
         save_file(unique, str(target / "model.safetensors"))
         root = self.base_url.removesuffix("/v1")
-        answer = self._post("/update_weights_from_disk", {"model_path": str(target)}, url=f"{root}/update_weights_from_disk")
+        answer = self._post(
+            "/update_weights_from_disk", {"model_path": str(target)}, url=f"{root}/update_weights_from_disk"
+        )
         if not answer.get("success", False):
-            raise EngineError(f"{root}/update_weights_from_disk refused version {version}: {answer.get('message', answer)}")
+            raise EngineError(
+                f"{root}/update_weights_from_disk refused version {version}: {answer.get('message', answer)}"
+            )
         for old in sorted(self.update_dir.glob("v*"))[:-1]:
             shutil.rmtree(old, ignore_errors=True)

@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from astraflow.engines.base import Engine
-from astraflow.engines.base import TurnSample
+from astraflow.engines.base import Engine, TurnSample
 
 if TYPE_CHECKING:
     import torch
@@ -109,8 +108,13 @@ def arithmetic_answer(prompt: str, right: bool, rng: np.random.Generator) -> str
 class SimulatedEngine(Engine):
     """Sleeps each call's modelled decode time; ``simulated_seconds`` adds up calls and weight loads."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, options: SimulatedEngineOptions, seed: int | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        options: SimulatedEngineOptions,
+        seed: int | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         super().__init__(tokenizer)
         self.options = options
         self.lengths = ResponseLengths(options.median_tokens, options.p99_over_p50)
@@ -130,14 +134,22 @@ class SimulatedEngine(Engine):
         length = int(self.lengths.sample(self.rng, 1, max_new_tokens, floor=min(len(body) + 1, max_new_tokens))[0])
         stopped = length < max_new_tokens
         filler = self.rng.choice(self.filler, size=max(length - stopped - len(body), 0))
-        ids = np.concatenate([body, filler, [self.tokenizer.eos_token_id] if stopped else []])[:max_new_tokens].astype(np.int32)
+        ids = np.concatenate([body, filler, [self.tokenizer.eos_token_id] if stopped else []])[:max_new_tokens].astype(
+            np.int32
+        )
         logprobs = -np.abs(self.rng.standard_normal(len(ids))).astype(np.float32)
         return TurnSample(ids, logprobs, stopped)
 
-    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+    def sample(
+        self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
         prompts = self.tokenizer.batch_decode([np.asarray(c) for c in contexts], skip_special_tokens=True)
         accuracy = self.options.accuracy
-        rows = [self._response(arithmetic_answer(prompt, bool(self.rng.random() < accuracy), self.rng), max_new_tokens) for prompt in prompts for _ in range(n)]
+        rows = [
+            self._response(arithmetic_answer(prompt, bool(self.rng.random() < accuracy), self.rng), max_new_tokens)
+            for prompt in prompts
+            for _ in range(n)
+        ]
         self._wait(self.decode.seconds([len(row.ids) for row in rows]))
         return rows
 

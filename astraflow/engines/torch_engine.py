@@ -16,9 +16,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from astraflow.engines.base import Engine, Generation, TurnSample
 from astraflow.models.sampling import sample
-from astraflow.engines.base import Engine, Generation
-from astraflow.engines.base import TurnSample
 
 __all__ = ["Generation", "TorchEngine"]
 
@@ -42,7 +41,9 @@ class TorchEngine(Engine):
         else:
             self._generator.seed()
 
-    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+    def sample(
+        self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
         batch = sample(
             self.model,
             contexts,
@@ -55,7 +56,11 @@ class TorchEngine(Engine):
             generator=self._generator,
         )
         return [
-            TurnSample(batch.tokens[row, : batch.lengths[row]].copy(), batch.logprobs[row, : batch.lengths[row]].copy(), bool(batch.stopped[row]))
+            TurnSample(
+                batch.tokens[row, : batch.lengths[row]].copy(),
+                batch.logprobs[row, : batch.lengths[row]].copy(),
+                bool(batch.stopped[row]),
+            )
             for row in range(len(batch.lengths))
         ]
 

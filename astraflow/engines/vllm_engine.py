@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from astraflow.engines.base import Engine, EngineError, TurnSample
 from astraflow.errors import MissingDependencyError
-from astraflow.engines.base import Engine, EngineError
-from astraflow.engines.base import TurnSample
 
 if TYPE_CHECKING:
     import torch
 
-INSTALL_HINT = "vllm is not installed: run `scripts/setup.sh vllm` (or `pip install astraflow[vllm]`); it needs a CUDA GPU"
+INSTALL_HINT = (
+    "vllm is not installed: run `scripts/setup.sh vllm` (or `pip install astraflow[vllm]`); it needs a CUDA GPU"
+)
 
 
 def _load_into_worker(worker, weights: list) -> None:
@@ -71,7 +72,9 @@ class VllmEngine(Engine):
         from vllm.platforms import current_platform
 
         if not (current_platform.is_cuda() or current_platform.is_cpu()):
-            raise EngineError(f"engine.type vllm needs a CUDA GPU (or a CPU build of vLLM); vLLM sees {current_platform.device_name!r}")
+            raise EngineError(
+                f"engine.type vllm needs a CUDA GPU (or a CPU build of vLLM); vLLM sees {current_platform.device_name!r}"
+            )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(
             model=str(path),
@@ -85,7 +88,9 @@ class VllmEngine(Engine):
         self._sampling_params = vllm.SamplingParams
         super().__init__(self.llm.get_tokenizer(), version, chat_template)
 
-    def sample(self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool) -> list[TurnSample]:
+    def sample(
+        self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
         params = self._sampling_params(
             n=n,
             temperature=0.0 if greedy else temperature,
@@ -100,9 +105,17 @@ class VllmEngine(Engine):
             for completion in request.outputs:
                 ids = list(completion.token_ids)
                 if completion.logprobs is None or len(completion.logprobs) != len(ids):
-                    raise EngineError(f"vLLM returned {len(ids)} tokens but {len(completion.logprobs or [])} log-prob entries")
+                    raise EngineError(
+                        f"vLLM returned {len(ids)} tokens but {len(completion.logprobs or [])} log-prob entries"
+                    )
                 logprobs = [position[token].logprob for token, position in zip(ids, completion.logprobs, strict=True)]
-                rows.append(TurnSample(np.asarray(ids, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), completion.finish_reason == "stop"))
+                rows.append(
+                    TurnSample(
+                        np.asarray(ids, dtype=np.int32),
+                        np.asarray(logprobs, dtype=np.float32),
+                        completion.finish_reason == "stop",
+                    )
+                )
         return rows
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], version: int) -> None:

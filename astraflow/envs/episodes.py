@@ -63,7 +63,14 @@ class AgentLimits:
 
     @classmethod
     def from_config(cls, agent: AgentConfig, max_new_tokens: int) -> AgentLimits:
-        return cls(agent.max_turns, max_new_tokens, agent.max_total_tokens, agent.max_observation_tokens, agent.max_tool_seconds, agent.tool_workers)
+        return cls(
+            agent.max_turns,
+            max_new_tokens,
+            agent.max_total_tokens,
+            agent.max_observation_tokens,
+            agent.max_tool_seconds,
+            agent.tool_workers,
+        )
 
 
 @dataclass
@@ -84,7 +91,14 @@ class Transcript:
 
     def append(self, ids: np.ndarray, logprobs: np.ndarray, version: int, role: str) -> None:
         if len(ids):
-            self.spans.append((np.asarray(ids, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), version, int(role == "policy")))
+            self.spans.append(
+                (
+                    np.asarray(ids, dtype=np.int32),
+                    np.asarray(logprobs, dtype=np.float32),
+                    version,
+                    int(role == "policy"),
+                )
+            )
             self.turns.append(Turn(role, self.length, self.length + len(ids), version))
 
     def last_policy_ids(self) -> np.ndarray:
@@ -94,7 +108,9 @@ class Transcript:
         """The response as [R] arrays: ids (int32), behaviour log-probs (float32), versions (int32), loss mask (uint8)."""
         if not self.spans:
             return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, np.uint8)
-        ids, logprobs, versions, masks = zip(*((s[0], s[1], np.full(len(s[0]), s[2], np.int32), np.full(len(s[0]), s[3], np.uint8)) for s in self.spans))
+        ids, logprobs, versions, masks = zip(
+            *((s[0], s[1], np.full(len(s[0]), s[2], np.int32), np.full(len(s[0]), s[3], np.uint8)) for s in self.spans)
+        )
         return np.concatenate(ids), np.concatenate(logprobs), np.concatenate(versions), np.concatenate(masks)
 
 
@@ -125,7 +141,12 @@ class Episode:
             if self.transcript.length + len(ids) >= limits.max_total_tokens:
                 self.finish_reason = "token_limit"
             else:
-                self.transcript.append(np.asarray(ids, dtype=np.int32), np.zeros(len(ids), dtype=np.float32), self.transcript.turns[-1].version, self.env.role)
+                self.transcript.append(
+                    np.asarray(ids, dtype=np.int32),
+                    np.zeros(len(ids), dtype=np.float32),
+                    self.transcript.turns[-1].version,
+                    self.env.role,
+                )
 
 
 def encode_prompt(tokenizer, prompt: str, task_id: str) -> np.ndarray:
@@ -136,8 +157,14 @@ def encode_prompt(tokenizer, prompt: str, task_id: str) -> np.ndarray:
     return ids
 
 
-def play(engine: TokenEngine, tasks: Sequence[RolloutTask], make_env: EnvFactory, limits: AgentLimits, temperature: float,
-         greedy: bool = False) -> tuple[list[Episode], dict[int, AstraFlowError]]:
+def play(
+    engine: TokenEngine,
+    tasks: Sequence[RolloutTask],
+    make_env: EnvFactory,
+    limits: AgentLimits,
+    temperature: float,
+    greedy: bool = False,
+) -> tuple[list[Episode], dict[int, AstraFlowError]]:
     """Play ``group_size`` episodes of every task to their end; returns the episodes (scored) and
     the failed tasks by position (their episodes carry no score)."""
     failed: dict[int, AstraFlowError] = {}
@@ -147,7 +174,9 @@ def play(engine: TokenEngine, tasks: Sequence[RolloutTask], make_env: EnvFactory
             try:
                 for index in range(task.group_size):
                     episodes.append(Episode(pos, index, make_env(task, index)))
-                    episodes[-1].transcript = Transcript(encode_prompt(engine.tokenizer, episodes[-1].env.reset(), task.task_id))
+                    episodes[-1].transcript = Transcript(
+                        encode_prompt(engine.tokenizer, episodes[-1].env.reset(), task.task_id)
+                    )
             except AstraFlowError as exc:
                 failed[pos] = exc
         with ThreadPoolExecutor(limits.tool_workers, thread_name_prefix="env") as pool:
@@ -168,7 +197,9 @@ def play(engine: TokenEngine, tasks: Sequence[RolloutTask], make_env: EnvFactory
     return episodes, failed
 
 
-def _policy_turn(engine: TokenEngine, live: list[Episode], limits: AgentLimits, temperature: float, greedy: bool) -> None:
+def _policy_turn(
+    engine: TokenEngine, live: list[Episode], limits: AgentLimits, temperature: float, greedy: bool
+) -> None:
     budgets = [min(limits.max_new_tokens, limits.max_total_tokens - e.transcript.length) for e in live]
     version = engine.version
     started = time.perf_counter()
@@ -182,7 +213,13 @@ def _policy_turn(engine: TokenEngine, live: list[Episode], limits: AgentLimits, 
             episode.finish_reason = "token_limit" if episode.transcript.length >= limits.max_total_tokens else "length"
 
 
-def _environment_turn(engine: TokenEngine, pool: ThreadPoolExecutor, acting: list[Episode], limits: AgentLimits, failed: dict[int, AstraFlowError]) -> None:
+def _environment_turn(
+    engine: TokenEngine,
+    pool: ThreadPoolExecutor,
+    acting: list[Episode],
+    limits: AgentLimits,
+    failed: dict[int, AstraFlowError],
+) -> None:
     actions = [engine.tokenizer.decode(e.transcript.last_policy_ids(), skip_special_tokens=True) for e in acting]
     futures = [pool.submit(_step, e, action) for e, action in zip(acting, actions)]
     for episode, future in zip(acting, futures):
@@ -214,7 +251,9 @@ def _close(episode: Episode) -> None:
         logger.warning("closing the environment of episode %d failed: %s", episode.index, exc)
 
 
-def demonstrate(env: EpisodeEnv, actions: Sequence[str], tokenizer, limits: AgentLimits, task_id: str = "demo") -> Transcript:
+def demonstrate(
+    env: EpisodeEnv, actions: Sequence[str], tokenizer, limits: AgentLimits, task_id: str = "demo"
+) -> Transcript:
     """The transcript of playing ``actions`` (each a whole policy turn, eos appended) in ``env``,
     built exactly as ``play`` builds one: what the warm-up supervises. The environment answers
     every action but the last; an episode that ends early (``done``) drops the remaining actions."""
@@ -223,7 +262,9 @@ def demonstrate(env: EpisodeEnv, actions: Sequence[str], tokenizer, limits: Agen
         episode.transcript = Transcript(encode_prompt(tokenizer, env.reset(), task_id))
         for position, action in enumerate(actions):
             ids = [*tokenizer(action, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
-            episode.transcript.append(np.asarray(ids, dtype=np.int32), np.zeros(len(ids), dtype=np.float32), 0, "policy")
+            episode.transcript.append(
+                np.asarray(ids, dtype=np.int32), np.zeros(len(ids), dtype=np.float32), 0, "policy"
+            )
             episode.policy_turns += 1
             if position == len(actions) - 1:
                 break

@@ -32,7 +32,12 @@ class HttpEnv(EpisodeEnv):
         self.score: dict[str, float] = {"reward": 0.0}
 
     def _post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(f"{self.base_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            f"{self.base_url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 answer = json.loads(response.read())
@@ -45,7 +50,13 @@ class HttpEnv(EpisodeEnv):
         return answer
 
     def reset(self) -> str:
-        task = {"task_id": self.task.task_id, "prompt_id": self.task.prompt_id, "prompt": self.task.prompt, "reference": self.task.reference, "metadata": self.task.metadata}
+        task = {
+            "task_id": self.task.task_id,
+            "prompt_id": self.task.prompt_id,
+            "prompt": self.task.prompt,
+            "reference": self.task.reference,
+            "metadata": self.task.metadata,
+        }
         answer = self._post("/reset", {"task": task, "episode": self.episode})
         try:
             self.session = str(answer["session"])

@@ -65,7 +65,12 @@ class EnvServer:
             return {}
         result = env.step(str(body["action"]))
         score = env.reward()
-        return {"observation": result.observation, "done": result.done, "reward": score["reward"], "info": {k: v for k, v in score.items() if k != "reward"}}
+        return {
+            "observation": result.observation,
+            "done": result.done,
+            "reward": score["reward"],
+            "info": {k: v for k, v in score.items() if k != "reward"},
+        }
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from astraflow.engines.base import TurnSample
 from astraflow.envs.base import EnvFactory
 from astraflow.envs.episodes import AgentLimits, play
 from astraflow.models.sampling import sample
-from astraflow.engines.base import TurnSample
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import exact_match_reward
 from astraflow.tasks.base import Problem
@@ -62,14 +62,40 @@ class _GreedyModel:
         self.model = model
         self.tokenizer = tokenizer
 
-    def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = True) -> list[TurnSample]:
-        batch = sample(self.model, contexts, max_new_tokens=max_new_tokens, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, greedy=True)
-        return [TurnSample(batch.tokens[row, : batch.lengths[row]], batch.logprobs[row, : batch.lengths[row]], bool(batch.stopped[row])) for row in range(len(contexts))]
+    def generate_ids(
+        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = True
+    ) -> list[TurnSample]:
+        batch = sample(
+            self.model,
+            contexts,
+            max_new_tokens=max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self.tokenizer.pad_token_id,
+            greedy=True,
+        )
+        return [
+            TurnSample(
+                batch.tokens[row, : batch.lengths[row]],
+                batch.logprobs[row, : batch.lengths[row]],
+                bool(batch.stopped[row]),
+            )
+            for row in range(len(contexts))
+        ]
 
 
 def evaluation_task(problem: Problem, workflow: str) -> RolloutTask:
     """A held-out row as the one-episode task an environment is built from."""
-    return RolloutTask(f"{problem.prompt_id}@eval", problem.prompt_id, f"{problem.prompt_id}@eval", workflow, problem.prompt, problem.answer, 1, 0, 0)
+    return RolloutTask(
+        f"{problem.prompt_id}@eval",
+        problem.prompt_id,
+        f"{problem.prompt_id}@eval",
+        workflow,
+        problem.prompt,
+        problem.answer,
+        1,
+        0,
+        0,
+    )
 
 
 def evaluate_episodes(

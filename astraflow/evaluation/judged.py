@@ -33,14 +33,31 @@ class SystemAccuracy:
 
 def pick(candidates: Sequence[str], verdicts: Sequence[bool]) -> str:
     """The first candidate the judge accepts; the first candidate when it accepts none; the judge accepts a candidate when the answer it writes is that candidate
-(``tasks.arithmetic.judgement``)."""
+    (``tasks.arithmetic.judgement``)."""
     return next((c for c, v in zip(candidates, verdicts, strict=True) if v), candidates[0])
 
 
-def _texts(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], n: int, max_new_tokens: int,
-           greedy: bool, temperature: float, generator: torch.Generator | None) -> list[str]:
-    batch = sample(model, tokenizer(prompts)["input_ids"], n=n, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                   pad_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy, generator=generator)
+def _texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    n: int,
+    max_new_tokens: int,
+    greedy: bool,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> list[str]:
+    batch = sample(
+        model,
+        tokenizer(prompts)["input_ids"],
+        n=n,
+        max_new_tokens=max_new_tokens,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        temperature=temperature,
+        greedy=greedy,
+        generator=generator,
+    )
     rows = [batch.tokens[row, : batch.lengths[row]] for row in range(len(batch.lengths))]
     return [extract_answer(text) for text in tokenizer.batch_decode(rows, skip_special_tokens=True)]
 
@@ -68,7 +85,12 @@ def evaluate_system(
     candidates = [[greedy[i], *sampled[i * (k - 1) : (i + 1) * (k - 1)]] for i in range(len(problems))]
     judged_prompts = [judge_prompt(p.prompt, c) for p, cs in zip(problems, candidates, strict=True) for c in cs]
     flat = [c for cs in candidates for c in cs]
-    verdicts = [judgement(text, c) for text, c in zip(_texts(judge, tokenizer, judged_prompts, 1, judge_tokens, True, 1.0, None), flat, strict=True)]
+    verdicts = [
+        judgement(text, c)
+        for text, c in zip(
+            _texts(judge, tokenizer, judged_prompts, 1, judge_tokens, True, 1.0, None), flat, strict=True
+        )
+    ]
     alone = judged = solved = right_verdicts = 0.0
     for i, (problem, cs) in enumerate(zip(problems, candidates, strict=True)):
         mine = verdicts[i * k : (i + 1) * k]

@@ -40,7 +40,12 @@ class Dashboard:
         rows = [
             ("elapsed", f"{time.monotonic() - m.started:.0f} s of {m.config.stop.max_minutes * 60:.0f} s"),
             ("weight version", str(m.version)),
-            ("held-out accuracy", "-" if latest is None else f"{latest:.3f} (base {base if base is None else f'{base:.3f}'}, best {max(acc.values()):.3f})"),
+            (
+                "held-out accuracy",
+                "-"
+                if latest is None
+                else f"{latest:.3f} (base {base if base is None else f'{base:.3f}'}, best {max(acc.values()):.3f})",
+            ),
             ("mean group reward (last 200)", "-" if reward is None else f"{reward:.3f}"),
             ("staleness (versions)", f"{m.latest.get(STREAM_STALENESS, 0):.0f}"),
             ("trainer step time", f"{m.latest.get(TRAIN_STEP_SECONDS, 0):.2f} s"),
@@ -54,8 +59,17 @@ class Dashboard:
         procs = Table("component", "pid", "state", "restarts")
         for child in children:
             code = child.process.poll()
-            procs.add_row(child.name, str(child.process.pid), "running" if code is None else f"exit {code}", str(child.restarts))
+            procs.add_row(
+                child.name, str(child.process.pid), "running" if code is None else f"exit {code}", str(child.restarts)
+            )
         producers = Table("producer", "region", "hardware", "trajectories", "traj/s (last 60 s)", "version lag")
         for row in m.producers.rows():
-            producers.add_row(row.producer, row.region, row.hardware, str(row.trajectories), f"{row.recent_per_s:.1f}", f"{row.version_lag:.0f}")
+            producers.add_row(
+                row.producer,
+                row.region,
+                row.hardware,
+                str(row.trajectories),
+                f"{row.recent_per_s:.1f}",
+                f"{row.version_lag:.0f}",
+            )
         self.live.update(Group(status, procs, producers, *m.notes), refresh=True)

@@ -43,9 +43,9 @@ from astraflow.errors import AstraFlowError, LogError
 from astraflow.launch.monitor import RunMonitor
 from astraflow.launch.pool import ProducerPool
 from astraflow.metric_names import LAUNCHER_RESTARTS
+from astraflow.rundir import RunDir
 from astraflow.scaler.rule import capped
 from astraflow.topics import RunTopics
-from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 MAX_RESTARTS = 3
@@ -61,8 +61,14 @@ class CrashLoopError(AstraFlowError):
 class Child:
     """One component process, restarted when it exits; ``on_restart(child, exit_code)`` is told of each restart."""
 
-    def __init__(self, name: str, argv: list[str], run_dir: Path,
-                 on_restart: Callable[["Child", int], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        run_dir: Path,
+        on_restart: Callable[["Child", int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.run_dir = run_dir
@@ -106,8 +112,10 @@ class Child:
             self._recent.popleft()
         if len(self._recent) >= MAX_RESTARTS:
             self.pid_file.unlink(missing_ok=True)
-            raise CrashLoopError(f"{self.name} exited with {code} after {MAX_RESTARTS} restarts within "
-                                 f"{RESTART_WINDOW_S:.0f} s; see {RunDir(self.run_dir).logs / (self.name + '.out')}")
+            raise CrashLoopError(
+                f"{self.name} exited with {code} after {MAX_RESTARTS} restarts within "
+                f"{RESTART_WINDOW_S:.0f} s; see {RunDir(self.run_dir).logs / (self.name + '.out')}"
+            )
         self._recent.append(now)
         self.restarts += 1
         logger.warning("%s exited with %s; restarting (restart %d)", self.name, code, self.restarts)
@@ -142,8 +150,9 @@ class RestartRecorder:
         self.version = version
 
     def __call__(self, child: Child, code: int) -> None:
-        self.ctx.metric(LAUNCHER_RESTARTS, child.restarts, self.version(), child=child.name, kind=child.kind,
-                        exit_code=str(code))
+        self.ctx.metric(
+            LAUNCHER_RESTARTS, child.restarts, self.version(), child=child.name, kind=child.kind, exit_code=str(code)
+        )
         try:
             self.ctx.producer.flush(timeout=5.0)
         except LogError as exc:
@@ -163,7 +172,11 @@ def plan(config: RunConfig) -> list[tuple[str, tuple[str, ...]]]:
     if not config.policies:
         components = [(name, (name,)) for name in ("train", "evaluate", "stream")]
     else:
-        components = [(f"{name}-{policy}", (name, "--policy", policy)) for policy in config.policy_names() for name in ("train", "stream", "evaluate")]
+        components = [
+            (f"{name}-{policy}", (name, "--policy", policy))
+            for policy in config.policy_names()
+            for name in ("train", "stream", "evaluate")
+        ]
         if len(config.policies) > 1 and config.rollout.workflow == "solver_verifier":
             components.append(("evaluate-system", ("evaluate", "--system")))
     if not config.eval.enabled:
@@ -198,13 +211,22 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
 
     children = [start(name, command, *options) for name, (command, *options) in plan(config)]
     bounds = capped(config.scaler, config.log.partitions) if config.scaler.enabled else None
-    pool = ProducerPool(lambda name: start(name, "rollout", "--region", "local"), children,
-                        config.rollout.producers, bounds.min_producers if bounds else 1, bounds.max_producers if bounds else 64)
+    pool = ProducerPool(
+        lambda name: start(name, "rollout", "--region", "local"),
+        children,
+        config.rollout.producers,
+        bounds.min_producers if bounds else 1,
+        bounds.max_producers if bounds else 64,
+    )
     interrupted = False
     failure: str | None = None
     signal.signal(signal.SIGTERM, _interrupt)  # `kill RUN_PID` stops the run like Ctrl-C: children too
     try:
-        monitor.follow(children, dashboard=dashboard, on_refresh=(lambda: pool.resize(monitor.producers.desired)) if bounds else pool.reap)
+        monitor.follow(
+            children,
+            dashboard=dashboard,
+            on_refresh=(lambda: pool.resize(monitor.producers.desired)) if bounds else pool.reap,
+        )
     except KeyboardInterrupt:
         interrupted = True
         logger.info("interrupted; stopping the components")

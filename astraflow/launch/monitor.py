@@ -18,15 +18,15 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from astraflow.config import RunConfig
 from astraflow.analysis.producer_stats import ProducerTally
+from astraflow.config import RunConfig
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Log, TopicPartition
 from astraflow.metric_names import EVAL_ACCURACY, EVAL_SYSTEM_PREFIX, STREAM_GROUP_REWARD, TRAIN_VERSION
+from astraflow.rundir import RunDir
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
 from astraflow.topics import RunTopics
-from astraflow.rundir import RunDir
 
 REFRESH_S = 1.0
 
@@ -76,7 +76,19 @@ class RunMonitor:
                 self.notes.append(f"bad metric record at offset {message.offset}: {exc}")
                 continue
             wall = (metric.created_ms - self.started_ms) / 1000
-            self.out.write(json.dumps({"component": metric.component, "name": metric.name, "value": metric.value, "step": metric.step, "wall_s": round(wall, 3), "labels": metric.labels}) + "\n")
+            self.out.write(
+                json.dumps(
+                    {
+                        "component": metric.component,
+                        "name": metric.name,
+                        "value": metric.value,
+                        "step": metric.step,
+                        "wall_s": round(wall, 3),
+                        "labels": metric.labels,
+                    }
+                )
+                + "\n"
+            )
             self.latest[metric.name] = metric.value
             self.producers.observe(metric)
             policy = metric.labels.get("policy", self.policies[0])
@@ -93,7 +105,9 @@ class RunMonitor:
         self.out.flush()
 
     def _sample_rates(self) -> None:
-        names = [self.topics.tasks()] + [topic(policy) for policy in self.policies for topic in (self.topics.trajectories, self.topics.samples)]
+        names = [self.topics.tasks()] + [
+            topic(policy) for policy in self.policies for topic in (self.topics.trajectories, self.topics.samples)
+        ]
         ends = {name: sum(self.log.end_offsets(name).values()) for name in names}
         now = time.monotonic()
         if self._last_ends is not None:
@@ -106,7 +120,11 @@ class RunMonitor:
         stop = self.config.stop
         if time.monotonic() - self.started > stop.max_minutes * 60:
             return f"time budget of {stop.max_minutes} min reached"
-        if stop.target_accuracy is not None and self.accuracy and self.accuracy[max(self.accuracy)] >= stop.target_accuracy:
+        if (
+            stop.target_accuracy is not None
+            and self.accuracy
+            and self.accuracy[max(self.accuracy)] >= stop.target_accuracy
+        ):
             return f"held-out accuracy reached {stop.target_accuracy}"
         if stop.max_versions is not None and self.version >= stop.max_versions:
             return f"{stop.max_versions} versions trained"
@@ -154,7 +172,9 @@ class RunMonitor:
 
     def summary(self, warmup_seconds: float, interrupted: bool) -> dict:
         versions = sorted(self.accuracy)
-        trajectories = sum(sum(self.log.end_offsets(self.topics.trajectories(policy)).values()) for policy in self.policies)
+        trajectories = sum(
+            sum(self.log.end_offsets(self.topics.trajectories(policy)).values()) for policy in self.policies
+        )
         summary = {
             "run": self.config.run,
             "backend": self.config.log.backend,
@@ -172,7 +192,11 @@ class RunMonitor:
             summary["policies"] = {policy: self._policy_summary(policy) for policy in self.policies}
         if self.system:
             pairs = list(self.system)
-            summary["system_accuracy"] = {"base": self.system[pairs[0]], "final": self.system[pairs[-1]], "by_versions": self.system}
+            summary["system_accuracy"] = {
+                "base": self.system[pairs[0]],
+                "final": self.system[pairs[-1]],
+                "by_versions": self.system,
+            }
         return summary
 
     def _policy_summary(self, policy: str) -> dict:

@@ -32,8 +32,15 @@ class Process(Protocol):
 class ProducerPool:
     """Resizes the producers within ``[minimum, maximum]``; ``children`` is the supervisor's list."""
 
-    def __init__(self, start: Callable[[str], Process], children: list, initial: int, minimum: int, maximum: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        start: Callable[[str], Process],
+        children: list,
+        initial: int,
+        minimum: int,
+        maximum: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._start = start
         self.children = children
         self.minimum = minimum

@@ -21,7 +21,9 @@ from astraflow.rundir import RunDir
 logger = logging.getLogger(__name__)
 
 
-def resolve_config(config: Path, backend: str | None, bootstrap: str | None, overrides: dict[str, object] | None = None) -> RunConfig:
+def resolve_config(
+    config: Path, backend: str | None, bootstrap: str | None, overrides: dict[str, object] | None = None
+) -> RunConfig:
     """The YAML config with ``--backend``/``--bootstrap`` (and other dotted overrides) applied."""
     extra = dict(overrides or {})
     if backend:
@@ -38,7 +40,12 @@ def setup_logging(component: str, run_dir: Path | None = None) -> None:
         RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(RunDir(run_dir).logs / f"{component}-{os.getpid()}.log"))
     level = os.environ.get("ASTRAFLOW_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format=f"%(asctime)s {component} %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s {component} %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
 
 
 def stop_on_signals() -> threading.Event:

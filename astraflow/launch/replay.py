@@ -41,17 +41,17 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from astraflow.config import RunConfig, dump_config, load_config, parse_config
-from astraflow.attach import AttachedRun, open_run_log_readonly
-from astraflow.launch.replay_source import ReplaySource, ReplaySpan, plan_span
+from astraflow.attach import AttachedRun
+from astraflow.config import RunConfig, dump_config, parse_config
+from astraflow.config.pipeline import StalenessSpec
 from astraflow.context import open_run_log
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.launch.launcher import Child
 from astraflow.launch.monitor import RunMonitor
+from astraflow.launch.replay_source import ReplaySource, ReplaySpan, plan_span
 from astraflow.log import Log
-from astraflow.config.pipeline import StalenessSpec
-from astraflow.topics import RunTopics
 from astraflow.rundir import RunDir
+from astraflow.topics import RunTopics
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +78,19 @@ def check_compatible(config: RunConfig, run_dir: Path, source: AttachedRun) -> s
         found = ", ".join(source.topics_of("trajectories")) or "none"
         raise ConfigError(f"policy: the source run has no topic {topic} (its trajectory topics: {found})")
     if config.run == source.name:
-        raise ConfigError(f"run: the replay needs its own run name, not the source's {source.name!r} (e.g. {source.name}-replay)")
+        raise ConfigError(
+            f"run: the replay needs its own run name, not the source's {source.name!r} (e.g. {source.name}-replay)"
+        )
     if run_dir.resolve() == source.run_dir.resolve():
         raise ConfigError(f"--run-dir {run_dir}: that is the source run's directory; replay into a new one")
     mismatches = {
         "model.path": (config.model.path, source.config.model.path, "the token ids are the source tokenizer's"),
         "task": (config.task, source.config.task, "the held-out split must be the one the source never trained on"),
-        "rollout.temperature": (config.rollout.temperature, source.config.rollout.temperature,
-                                "the trainer's log-probs must use the temperature the behaviour log-probs were sampled at"),
+        "rollout.temperature": (
+            config.rollout.temperature,
+            source.config.rollout.temperature,
+            "the trainer's log-probs must use the temperature the behaviour log-probs were sampled at",
+        ),
     }
     for field, (mine, theirs, why) in mismatches.items():
         if mine != theirs:
@@ -110,8 +115,15 @@ def replay_config(config: RunConfig) -> RunConfig:
 class ReplayMonitor(RunMonitor):
     """A ``RunMonitor`` that also stops once the replayed data is used up (module docstring, step 4)."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, log: Log, topics: RunTopics, source: ReplaySource,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        log: Log,
+        topics: RunTopics,
+        source: ReplaySource,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(config, run_dir, log, topics)
         self.source = source
         self.stop_reason = ""
@@ -131,7 +143,10 @@ class ReplayMonitor(RunMonitor):
         policy, run = self.config.policy, self.config.run
         groups = self.log.group_offsets()
         lags = []
-        for group, topic in ((f"{run}.stream.{policy}", self.topics.trajectories(policy)), (f"{run}.train.{policy}", self.topics.samples(policy))):
+        for group, topic in (
+            (f"{run}.stream.{policy}", self.topics.trajectories(policy)),
+            (f"{run}.train.{policy}", self.topics.samples(policy)),
+        ):
             committed = {tp.partition: offset for tp, offset in groups.get(group, {}).items() if tp.topic == topic}
             lags.append(sum(end - committed.get(p, 0) for p, end in self.log.end_offsets(topic).items()))
         return lags[0], lags[1]
@@ -147,7 +162,9 @@ class ReplayMonitor(RunMonitor):
             if left != self._left:
                 self._left, self._still_since = left, now
             stream_left, train_left = left
-            stream_idle = stream_left < self.source.copied and now - self._still_since >= IDLE_S  # started, then stood still
+            stream_idle = (
+                stream_left < self.source.copied and now - self._still_since >= IDLE_S
+            )  # started, then stood still
             if train_left >= self.config.train.batch_samples or (stream_left and not stream_idle):
                 return None
             self._used_up_at = now
@@ -155,8 +172,10 @@ class ReplayMonitor(RunMonitor):
         last_scored = max(self.accuracy, default=-1)
         if self.version - last_scored < self.config.eval.every_versions or now - self._used_up_at > SETTLE_S:
             stream_left, train_left = self._left or (0, 0)
-            return (f"replayed data used up: {self.source.copied} trajectories copied, {stream_left} left in cut groups, "
-                    f"{train_left} samples short of a batch")
+            return (
+                f"replayed data used up: {self.source.copied} trajectories copied, {stream_left} left in cut groups, "
+                f"{train_left} samples short of a batch"
+            )
         return None
 
 
@@ -182,7 +201,9 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     held = sum(log.end_offsets(target).values())
     if held:
         log.close()
-        raise ConfigError(f"{target} already holds {held} records; replay into a fresh run (another run name or --run-dir)")
+        raise ConfigError(
+            f"{target} already holds {held} records; replay into a fresh run (another run name or --run-dir)"
+        )
     started = time.monotonic()
     warm = subprocess.run(_argv("warmup", config_path, run_dir), check=False)
     if warm.returncode != 0:
@@ -235,7 +256,9 @@ def _copy_note(copier: ReplaySource, span: ReplaySpan):
     return note
 
 
-def _replay_section(config: RunConfig, source: AttachedRun, span: ReplaySpan, copier: ReplaySource, reason: str) -> dict:
+def _replay_section(
+    config: RunConfig, source: AttachedRun, span: ReplaySpan, copier: ReplaySource, reason: str
+) -> dict:
     return {
         "source_run": source.name,
         "source_backend": source.config.log.backend,

@@ -56,7 +56,9 @@ class ReplaySpan:
         return sum(self.end[p] - self.start[p] for p in self.start)
 
 
-def plan_span(log: Log, topic: str, from_offset: int | None = None, since_ms: int | None = None, until_ms: int | None = None) -> ReplaySpan:
+def plan_span(
+    log: Log, topic: str, from_offset: int | None = None, since_ms: int | None = None, until_ms: int | None = None
+) -> ReplaySpan:
     """The span of ``topic`` to copy, found by seeking (nothing is read).
 
     ``from_offset`` applies to every partition (offsets are per partition) and is raised to the
@@ -118,7 +120,9 @@ class ReplaySource:
             while pending and not stop.is_set():
                 messages = consumer.poll(max_records=1000, timeout=0.5)
                 if not messages and time.monotonic() - last > STALL_S:
-                    raise LogError(f"{span.topic}: nothing readable for {STALL_S:.0f} s at positions {pending} before the span's end {span.end}")
+                    raise LogError(
+                        f"{span.topic}: nothing readable for {STALL_S:.0f} s at positions {pending} before the span's end {span.end}"
+                    )
                 copied = 0
                 for message in messages:
                     if message.offset >= span.end[message.partition]:
@@ -131,7 +135,9 @@ class ReplaySource:
                 self.copied += copied
                 if messages:
                     last = time.monotonic()
-                    left = {tp: consumer.position(tp) for tp in pending if consumer.position(tp) < span.end[tp.partition]}
+                    left = {
+                        tp: consumer.position(tp) for tp in pending if consumer.position(tp) < span.end[tp.partition]
+                    }
                     if len(left) < len(pending):
                         self._assign(consumer, left)
                     pending = left
@@ -166,7 +172,9 @@ class ReplaySource:
         if fp in self._source_schemas:
             target.add(self._source_schemas.get(fp))
         else:
-            logger.warning("replay source: writer schema %s is in neither log; its records will be dead-lettered", fp.hex())
+            logger.warning(
+                "replay source: writer schema %s is in neither log; its records will be dead-lettered", fp.hex()
+            )
 
     def _read_source_schemas(self) -> SchemaStore:
         found = SchemaStore()

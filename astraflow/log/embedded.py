@@ -93,16 +93,22 @@ class EmbeddedLog(Log):
                 raise TopicNotFoundError(f"topic {topic!r} does not exist in {self.path}")
             for partition, offset in before.items():
                 if partition not in ends or not 0 <= offset <= ends[partition]:
-                    raise LogError(f"cannot delete records of {topic}:{partition} below offset {offset}: the partition ends at {ends.get(partition)}")
+                    raise LogError(
+                        f"cannot delete records of {topic}:{partition} below offset {offset}: the partition ends at {ends.get(partition)}"
+                    )
             tid = store.topic_id(conn, topic)
-            conn.executemany("DELETE FROM records WHERE topic_id = ? AND partition = ? AND offset < ?",
-                             [(tid, partition, offset) for partition, offset in before.items()])
+            conn.executemany(
+                "DELETE FROM records WHERE topic_id = ? AND partition = ? AND offset < ?",
+                [(tid, partition, offset) for partition, offset in before.items()],
+            )
 
         self._store.write(delete)
 
     def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         rows = self._store.read(
-            lambda conn: conn.execute("SELECT group_id, topic, partition, next_offset FROM committed_offsets").fetchall()
+            lambda conn: conn.execute(
+                "SELECT group_id, topic, partition, next_offset FROM committed_offsets"
+            ).fetchall()
         )
         groups: dict[str, dict[TopicPartition, int]] = {}
         for group_id, topic, partition, offset in rows:

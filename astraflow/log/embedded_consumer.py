@@ -207,7 +207,11 @@ class EmbeddedConsumer(Consumer):
         if gained or lost:
             logger.info(
                 "member %s of group %s now owns %d partitions (%d gained, %d lost)",
-                self._member.member_id, self._member.group_id, len(share), len(gained), len(lost),
+                self._member.member_id,
+                self._member.group_id,
+                len(share),
+                len(gained),
+                len(lost),
             )
         self._set_assignment(share)
 

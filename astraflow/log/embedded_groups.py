@@ -182,7 +182,9 @@ class GroupMember:
                     if not stalled:
                         logger.warning(
                             "member %s of group %s has not polled for %.0f s; letting its lease lapse",
-                            self.member_id, self.group_id, MAX_POLL_INTERVAL_S,
+                            self.member_id,
+                            self.group_id,
+                            MAX_POLL_INTERVAL_S,
                         )
                     stalled = True
                     continue

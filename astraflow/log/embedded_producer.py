@@ -90,7 +90,11 @@ class EmbeddedProducer(Producer):
             raise LogError("send on a closed producer")
         packed = store.pack_headers(headers)
         record = _Pending(
-            topic, value, key, packed, partition,
+            topic,
+            value,
+            key,
+            packed,
+            partition,
             store.now_ms() if timestamp_ms is None else timestamp_ms,
             len(value) + len(key or b"") + len(packed or b""),
         )
@@ -135,10 +139,12 @@ class EmbeddedProducer(Producer):
         topics = {
             name: row
             for name in {record.topic for record in batch}
-            if (row := conn.execute(
-                "SELECT id, partitions, max_message_bytes, compacted, retention_ms FROM topics WHERE name = ?",
-                (name,),
-            ).fetchone())
+            if (
+                row := conn.execute(
+                    "SELECT id, partitions, max_message_bytes, compacted, retention_ms FROM topics WHERE name = ?",
+                    (name,),
+                ).fetchone()
+            )
         }
         ends: dict[tuple[int, int], int] = {}
         rows, failures = [], []
@@ -148,10 +154,13 @@ class EmbeddedProducer(Producer):
                 continue
             tid, partitions, max_bytes, _, _ = topics[record.topic]
             if record.size > max_bytes:
-                failures.append(_Failure(
-                    f"record of {record.size:,} bytes exceeds max_message_bytes {max_bytes:,}"
-                    f" of topic {record.topic!r}", too_large=True,
-                ))
+                failures.append(
+                    _Failure(
+                        f"record of {record.size:,} bytes exceeds max_message_bytes {max_bytes:,}"
+                        f" of topic {record.topic!r}",
+                        too_large=True,
+                    )
+                )
                 continue
             partition = self._partition_for(record, partitions)
             if not 0 <= partition < partitions:

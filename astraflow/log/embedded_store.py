@@ -197,9 +197,7 @@ class Store:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(
-            path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
+        self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone(), 30.0)
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
@@ -305,8 +303,7 @@ def _first_offset(conn: sqlite3.Connection, topic: str, partition: int, min_time
     if tid is None:
         return 0
     row = conn.execute(
-        "SELECT offset FROM records WHERE topic_id = ? AND partition = ? AND timestamp_ms >= ?"
-        " ORDER BY offset LIMIT 1",
+        "SELECT offset FROM records WHERE topic_id = ? AND partition = ? AND timestamp_ms >= ? ORDER BY offset LIMIT 1",
         (tid, partition, min_timestamp_ms),
     ).fetchone()
     if row is not None:

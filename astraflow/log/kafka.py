@@ -35,10 +35,15 @@ logger = logging.getLogger(__name__)
 MAX_CLIENT_RECORD_BYTES = 64 * 1024 * 1024
 _TIMEOUT_S = 30.0
 _NOT_FOUND = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-_LEADERSHIP_MOVING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                      KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.REPLICA_NOT_AVAILABLE,
-                      KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
-                      KafkaError.OFFSET_NOT_AVAILABLE)
+_LEADERSHIP_MOVING = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.OFFSET_NOT_AVAILABLE,
+)
 """Errors of a partition whose leader is still taking it on (or moving): asking again cures them."""
 
 
@@ -48,8 +53,9 @@ class KafkaLog(Log):
     not answer within ``connect_timeout_s`` is a ``LogError`` naming ``bootstrap``, not a component
     that hangs or fails later on an unrelated-looking timeout."""
 
-    def __init__(self, bootstrap: str, client_config: dict[str, Any] | None = None,
-                 connect_timeout_s: float = _TIMEOUT_S) -> None:
+    def __init__(
+        self, bootstrap: str, client_config: dict[str, Any] | None = None, connect_timeout_s: float = _TIMEOUT_S
+    ) -> None:
         self._base: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "logger": logging.getLogger("astraflow.log.librdkafka"),
@@ -59,8 +65,9 @@ class KafkaLog(Log):
         try:
             self._admin.list_topics(timeout=connect_timeout_s)
         except KafkaException as exc:
-            raise LogError(f"cannot reach the Kafka cluster at {bootstrap} within {connect_timeout_s:g}s: "
-                           f"{exc.args[0].str()}") from exc
+            raise LogError(
+                f"cannot reach the Kafka cluster at {bootstrap} within {connect_timeout_s:g}s: {exc.args[0].str()}"
+            ) from exc
 
     def create_topic(self, spec: TopicSpec, exist_ok: bool = True) -> None:
         config = {
@@ -68,8 +75,9 @@ class KafkaLog(Log):
             "retention.ms": str(-1 if spec.retention_ms is None else spec.retention_ms),
             "max.message.bytes": str(spec.max_message_bytes),
         }
-        future = self._admin.create_topics([NewTopic(spec.name, spec.partitions, config=config)],
-                                           request_timeout=_TIMEOUT_S)[spec.name]
+        future = self._admin.create_topics(
+            [NewTopic(spec.name, spec.partitions, config=config)], request_timeout=_TIMEOUT_S
+        )[spec.name]
         try:
             future.result()
         except KafkaException as exc:
@@ -82,8 +90,9 @@ class KafkaLog(Log):
 
     def describe_topic(self, name: str) -> TopicSpec:
         partitions = len(self._metadata(name).partitions)
-        future = self._admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)],
-                                              request_timeout=_TIMEOUT_S)
+        future = self._admin.describe_configs(
+            [ConfigResource(ConfigResource.Type.TOPIC, name)], request_timeout=_TIMEOUT_S
+        )
         try:
             config = next(iter(future.values())).result()
         except KafkaException as exc:
@@ -145,7 +154,9 @@ class KafkaLog(Log):
                 future.result()
             except KafkaException as exc:
                 err = exc.args[0]
-                raise LogError(f"deleting records of {topic}:{rd.partition} below offset {rd.offset} failed: {err.str()}") from exc
+                raise LogError(
+                    f"deleting records of {topic}:{rd.partition} below offset {rd.offset} failed: {err.str()}"
+                ) from exc
 
     def group_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         """One offsets request per group: the admin API answers for a single group at a time."""
@@ -155,8 +166,11 @@ class KafkaLog(Log):
             for listing in listed.valid:
                 request = [ConsumerGroupTopicPartitions(listing.group_id)]
                 found = self._admin.list_consumer_group_offsets(request, request_timeout=_TIMEOUT_S)
-                offsets = {TopicPartition(rd.topic, rd.partition): rd.offset
-                           for rd in found[listing.group_id].result().topic_partitions if rd.offset >= 0}
+                offsets = {
+                    TopicPartition(rd.topic, rd.partition): rd.offset
+                    for rd in found[listing.group_id].result().topic_partitions
+                    if rd.offset >= 0
+                }
                 if offsets:
                     groups[listing.group_id] = offsets
         except KafkaException as exc:
@@ -164,16 +178,18 @@ class KafkaLog(Log):
         return groups
 
     def producer(self) -> Producer:
-        return KafkaProducer({
-            **self._base,
-            "acks": "all",
-            "enable.idempotence": True,
-            "compression.type": "none",
-            "partitioner": "murmur2_random",
-            "message.max.bytes": MAX_CLIENT_RECORD_BYTES,
-            "allow.auto.create.topics": False,
-            "topic.metadata.propagation.max.ms": 3000,
-        })
+        return KafkaProducer(
+            {
+                **self._base,
+                "acks": "all",
+                "enable.idempotence": True,
+                "compression.type": "none",
+                "partitioner": "murmur2_random",
+                "message.max.bytes": MAX_CLIENT_RECORD_BYTES,
+                "allow.auto.create.topics": False,
+                "topic.metadata.propagation.max.ms": 3000,
+            }
+        )
 
     def consumer(
         self,

@@ -29,8 +29,13 @@ from astraflow.log.base import Consumer, Message, OffsetReset, TopicPartition
 logger = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30.0
-_RAISED = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
-           KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
+_RAISED = (
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+)
 """Consumer errors that retrying cannot cure; librdkafka recovers from every other kind by itself
 (e.g. the group coordinator moving or still loading), so those are only logged."""
 Resolver = Callable[[TopicPartition], int]
@@ -81,8 +86,17 @@ class KafkaConsumer(Consumer):
                 logger.info("librdkafka recovers from: %s", err.str())
                 continue
             headers = tuple((name, value or b"") for name, value in msg.headers() or ())
-            messages.append(Message(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value() or b"",
-                                    msg.timestamp()[1], headers))
+            messages.append(
+                Message(
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.value() or b"",
+                    msg.timestamp()[1],
+                    headers,
+                )
+            )
             self._positions[TopicPartition(msg.topic(), msg.partition())] = msg.offset() + 1
         return messages
 
@@ -94,8 +108,9 @@ class KafkaConsumer(Consumer):
         if not offsets:
             return
         try:
-            self._consumer.commit(offsets=[RdPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
-                                  asynchronous=False)
+            self._consumer.commit(
+                offsets=[RdPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()], asynchronous=False
+            )
         except KafkaException as exc:
             raise LogError(f"commit failed: {exc.args[0].str()}") from exc
 
@@ -170,8 +185,11 @@ class KafkaConsumer(Consumer):
         """Restart a not-yet-fetching partition at ``offset`` by assigning it again."""
         rd = RdPartition(partition.topic, partition.partition, offset)
         if self._subscribed:
-            rest = [RdPartition(tp.topic, tp.partition, self._positions.get(tp, OFFSET_STORED))
-                    for tp in self.assignment() if tp != partition]
+            rest = [
+                RdPartition(tp.topic, tp.partition, self._positions.get(tp, OFFSET_STORED))
+                for tp in self.assignment()
+                if tp != partition
+            ]
             self._consumer.assign(rest + [rd])
         else:
             self._consumer.incremental_unassign([RdPartition(partition.topic, partition.partition)])
@@ -199,16 +217,18 @@ class KafkaConsumer(Consumer):
 
     def _watermarks(self, partition: TopicPartition) -> tuple[int, int]:
         try:
-            return self._consumer.get_watermark_offsets(RdPartition(partition.topic, partition.partition),
-                                                        timeout=_TIMEOUT_S, cached=False)
+            return self._consumer.get_watermark_offsets(
+                RdPartition(partition.topic, partition.partition), timeout=_TIMEOUT_S, cached=False
+            )
         except KafkaException as exc:
             raise LogError(f"reading offsets of {partition.topic}[{partition.partition}] failed: {exc}") from exc
 
     def _offset_for_time(self, partition: TopicPartition, timestamp_ms: int) -> int:
         """First offset with a timestamp >= ``timestamp_ms``; the end offset when there is none."""
         try:
-            found = self._consumer.offsets_for_times([RdPartition(partition.topic, partition.partition, timestamp_ms)],
-                                                     timeout=_TIMEOUT_S)[0]
+            found = self._consumer.offsets_for_times(
+                [RdPartition(partition.topic, partition.partition, timestamp_ms)], timeout=_TIMEOUT_S
+            )[0]
         except KafkaException as exc:
             raise LogError(f"offsets_for_times on {partition.topic}[{partition.partition}] failed: {exc}") from exc
         return found.offset if found.offset >= 0 else self._watermarks(partition)[1]

@@ -63,7 +63,11 @@ class KafkaProducer(Producer):
         if self._closed:
             raise LogError("send on a closed producer")
         sequence = self._sent  # counted once the record is queued or failed; a send that raises is not
-        kwargs: dict[str, Any] = {"key": key, "on_delivery": partial(self._on_delivery, sequence), "timestamp": timestamp_ms or 0}
+        kwargs: dict[str, Any] = {
+            "key": key,
+            "on_delivery": partial(self._on_delivery, sequence),
+            "timestamp": timestamp_ms or 0,
+        }
         if headers:
             kwargs["headers"] = list(headers)
         if partition is not None:

@@ -89,7 +89,9 @@ def policy_budgets(config) -> dict[str, PolicyBudget]:
     for policy in workflow.policies:
         cfg = config.for_policy(policy)
         batch_groups = math.ceil(cfg.train.batch_samples / cfg.rollout.group_size)
-        budgets[policy] = PolicyBudget(cfg.stream.max_staleness, batch_groups, workflow.groups_per_task(policy), cfg.stream.replay_ratio)
+        budgets[policy] = PolicyBudget(
+            cfg.stream.max_staleness, batch_groups, workflow.groups_per_task(policy), cfg.stream.replay_ratio
+        )
     return budgets
 
 
@@ -197,7 +199,10 @@ class TaskFeeder:
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
-        followers = {policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=False).start() for policy in self.budgets}
+        followers = {
+            policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=False).start()
+            for policy in self.budgets
+        }
         feedback = FeedbackReader(ctx, self.curator)
         try:
             while not stop.is_set():
@@ -218,7 +223,9 @@ class TaskFeeder:
                     passed_over = 0
                 stalled = passed_over == len(self.rows)
                 if stalled and not self._stalled:
-                    logger.warning("the %s curator skipped a whole pass of the dataset; waiting for feedback", self.curator.name)
+                    logger.warning(
+                        "the %s curator skipped a whole pass of the dataset; waiting for feedback", self.curator.name
+                    )
                 self._stalled = stalled
                 if sent:
                     ctx.metric(FEEDER_SUBMITTED, self.submitted, max(version, 0))

@@ -53,9 +53,9 @@ from astraflow.metric_names import (
 )
 from astraflow.producers.workflows.base import Provenance, TaskOutcome
 from astraflow.producers.workflows.factory import build_run_workflow
+from astraflow.rundir import RunDir
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
-from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 SAMPLE_HEADROOM_BYTES = 4096
@@ -71,18 +71,25 @@ class RolloutProducer:
     def __init__(self, ctx: ComponentContext, region: str = "local", hardware: str | None = None) -> None:
         import torch
 
-        from astraflow.models.base import base_checkpoint_path
         from astraflow.engines import build_engine
+        from astraflow.models.base import base_checkpoint_path
         from astraflow.tasks.datasets import load_task_split
 
         cfg = ctx.config
         torch.set_num_threads(cfg.rollout.threads)
         self.ctx = ctx
-        self.provenance = Provenance(ctx.instance, region, hardware or f"cpu:{platform.machine()}x{cfg.rollout.threads}")
+        self.provenance = Provenance(
+            ctx.instance, region, hardware or f"cpu:{platform.machine()}x{cfg.rollout.threads}"
+        )
         self.workflow = build_run_workflow(cfg, RunDir(ctx.run_dir).data)
         load_task_split(cfg.task, ctx.run_dir, "train")  # some environments read the task's data (the search corpus)
         self.workflow.open()
-        self.engines = {policy: build_engine(cfg.for_policy(policy).engine, base_checkpoint_path(cfg.for_policy(policy), ctx.run_dir)) for policy in self.workflow.policies}
+        self.engines = {
+            policy: build_engine(
+                cfg.for_policy(policy).engine, base_checkpoint_path(cfg.for_policy(policy), ctx.run_dir)
+            )
+            for policy in self.workflow.policies
+        }
         self.trajectories = {policy: 0 for policy in self.engines}
         self.busy_seconds = 0.0
 
@@ -98,7 +105,9 @@ class RolloutProducer:
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
         cfg = ctx.config
-        followers = {policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=True).start() for policy in self.engines}
+        followers = {
+            policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=True).start() for policy in self.engines
+        }
         if not self._catch_up(followers, stop):
             for follower in followers.values():
                 follower.close()
@@ -129,9 +138,14 @@ class RolloutProducer:
             for follower in followers.values():
                 follower.close()
             consumer.close()
-        logger.info("left the rollout pool: last batch flushed and committed, %d trajectories in all", sum(self.trajectories.values()))
+        logger.info(
+            "left the rollout pool: last batch flushed and committed, %d trajectories in all",
+            sum(self.trajectories.values()),
+        )
 
-    def _await_versions(self, tasks: list[RolloutTask], followers: dict[str, WeightFollower], stop: threading.Event) -> None:
+    def _await_versions(
+        self, tasks: list[RolloutTask], followers: dict[str, WeightFollower], stop: threading.Event
+    ) -> None:
         """``mode: lockstep``: generate with at least the versions the feeder released the tasks at
         (``version.<policy>`` in their metadata), so no sample is born stale."""
         for policy, follower in followers.items():
@@ -147,7 +161,9 @@ class RolloutProducer:
             while not follower.wait_for(0, timeout=1.0) and time.monotonic() < deadline and not stop.is_set():
                 pass
             if follower.latest_version < 0 and not stop.is_set():
-                logger.warning("no weight version of %s published yet; sampling with the base checkpoint as version 0", policy)
+                logger.warning(
+                    "no weight version of %s published yet; sampling with the base checkpoint as version 0", policy
+                )
             deadline = time.monotonic() + CATCH_UP_SECONDS
             while not follower.wait_caught_up(timeout=1.0):
                 if stop.is_set():
@@ -155,7 +171,12 @@ class RolloutProducer:
                 if time.monotonic() < deadline:
                     continue
                 deadline = time.monotonic() + CATCH_UP_SECONDS
-                logger.warning("still catching up on the weights of %s (at version %d of %d)", policy, follower.latest_version, follower.newest_version)
+                logger.warning(
+                    "still catching up on the weights of %s (at version %d of %d)",
+                    policy,
+                    follower.latest_version,
+                    follower.newest_version,
+                )
             self._refresh(policy, follower)
             logger.info("caught up on %s at version %d", policy, self.engines[policy].version)
         if not stop.is_set():
@@ -200,7 +221,9 @@ def send_outcome(ctx: ComponentContext, outcome: TaskOutcome) -> list[Trajectory
         too_large = ctx.oversize(ctx.topics.trajectories(trajectory.policy), value, SAMPLE_HEADROOM_BYTES)
         if too_large is not None:
             reason = f"trajectory {trajectory.trajectory_id}: {too_large}"
-            ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {reason}", RecordTooLargeError(reason))
+            ctx.dead_letter(
+                None, f"workflow failed for task {outcome.task.task_id}: {reason}", RecordTooLargeError(reason)
+            )
             return []
     for trajectory, value in records:
         ctx.producer.send(ctx.topics.trajectories(trajectory.policy), value, key=trajectory.group_id.encode())

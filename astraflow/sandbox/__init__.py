@@ -23,10 +23,16 @@ def probe(sandbox: Sandbox) -> str | None:
     except SandboxError as exc:
         return str(exc)
     failed = [result for result in results if not (result.ok and result.stdout == "ok\n")]
-    return None if not failed else f"{sandbox.name}: the probe program failed ({failed[0].describe()}): {failed[0].stderr[-300:]}"
+    return (
+        None
+        if not failed
+        else f"{sandbox.name}: the probe program failed ({failed[0].describe()}): {failed[0].stderr[-300:]}"
+    )
 
 
-def open_sandbox(backend: str = "auto", limits: SandboxLimits = SandboxLimits(), python: str = "/usr/bin/python3") -> Sandbox:
+def open_sandbox(
+    backend: str = "auto", limits: SandboxLimits = SandboxLimits(), python: str = "/usr/bin/python3"
+) -> Sandbox:
     """A working sandbox of ``backend`` (``auto``, ``bwrap`` or ``unshare``), or ``SandboxUnavailableError``."""
     names = list(BACKENDS) if backend == "auto" else [backend]
     if any(name not in BACKENDS for name in names):
@@ -41,4 +47,15 @@ def open_sandbox(backend: str = "auto", limits: SandboxLimits = SandboxLimits(),
     raise SandboxUnavailableError(f"no sandbox backend works ({'; '.join(problems)}): {HINT}")
 
 
-__all__ = ["BACKENDS", "BwrapSandbox", "RunResult", "Sandbox", "SandboxError", "SandboxLimits", "SandboxUnavailableError", "UnshareSandbox", "open_sandbox", "probe"]
+__all__ = [
+    "BACKENDS",
+    "BwrapSandbox",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxUnavailableError",
+    "UnshareSandbox",
+    "open_sandbox",
+    "probe",
+]

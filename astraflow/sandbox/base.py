@@ -38,7 +38,13 @@ from astraflow.errors import AstraFlowError
 
 SANDBOX_UID = 65534  # nobody: a root caller drops to it, so the kernel enforces RLIMIT_NPROC
 WORKDIR = "/work"
-PROGRAM_ENV = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+PROGRAM_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": WORKDIR,
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # no /etc, /home, /root, /tmp
 LAUNCHER = Path(__file__).with_name("launcher.py")
 TESTS_DRIVER = Path(__file__).with_name("tests_driver.py")
@@ -102,7 +108,11 @@ class RunResult:
         if self.timed_out:
             return f"timed out after {self.wall_ms / 1000:.1f} s"
         if self.signal is not None:
-            return f"killed by {signal.Signals(self.signal).name}" if self.signal in signal.valid_signals() else f"exit {self.exit_code}"
+            return (
+                f"killed by {signal.Signals(self.signal).name}"
+                if self.signal in signal.valid_signals()
+                else f"exit {self.exit_code}"
+            )
         return f"exit {self.exit_code}"
 
 
@@ -119,7 +129,9 @@ class Sandbox(ABC):
     def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:
         """The host command that runs the launcher with ``spec`` inside this backend's isolation."""
 
-    def run(self, argv: list[str], files: Mapping[str, str | bytes] | None = None, stdin: str | bytes = b"") -> RunResult:
+    def run(
+        self, argv: list[str], files: Mapping[str, str | bytes] | None = None, stdin: str | bytes = b""
+    ) -> RunResult:
         """Run ``argv`` in ``/work`` holding ``files`` (name → content); ``SandboxError`` if it cannot run."""
         return self._run(argv, files or {}, stdin, self.limits, expect=("ready",))
 
@@ -147,13 +159,33 @@ class Sandbox(ABC):
                 max_processes=self.limits.max_processes + 1,  # the driver is one of the sandbox's processes
                 max_output_bytes=len(batch) * report_bytes,
             )
-            config = {"tests": len(batch), "wall_seconds": self.limits.wall_seconds, "max_output_bytes": cap, "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024}
-            files = {"main.py": source, "tests_driver.py": TESTS_DRIVER.read_text()} | {f"stdin-{i}": stdin for i, stdin in enumerate(batch)}
-            run = self._run([self.python, "-I", "tests_driver.py", json.dumps(config)], files, b"", limits, expect=("ready", "driver-ready"))
+            config = {
+                "tests": len(batch),
+                "wall_seconds": self.limits.wall_seconds,
+                "max_output_bytes": cap,
+                "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024,
+            }
+            files = {"main.py": source, "tests_driver.py": TESTS_DRIVER.read_text()} | {
+                f"stdin-{i}": stdin for i, stdin in enumerate(batch)
+            }
+            run = self._run(
+                [self.python, "-I", "tests_driver.py", json.dumps(config)],
+                files,
+                b"",
+                limits,
+                expect=("ready", "driver-ready"),
+            )
             results += _parse_report(run, len(batch), cap)
         return results
 
-    def _run(self, argv: list[str], files: Mapping[str, str | bytes], stdin: str | bytes, limits: SandboxLimits, expect: tuple[str, ...]) -> RunResult:
+    def _run(
+        self,
+        argv: list[str],
+        files: Mapping[str, str | bytes],
+        stdin: str | bytes,
+        limits: SandboxLimits,
+        expect: tuple[str, ...],
+    ) -> RunResult:
         """Run ``argv`` under ``limits``; ``SandboxError`` unless the status file holds the lines of ``expect``.
 
         Steps: write the inputs to a throwaway host directory; start the backend's command in its
@@ -165,12 +197,33 @@ class Sandbox(ABC):
         directory = throwaway_dir()
         try:
             inputs, stdin_path = write_inputs(directory, files, stdin)
-            with open(stdin_path, "rb") as fin, open(directory / "stdout", "wb+") as fout, open(directory / "stderr", "wb+") as ferr, open(directory / "status", "wb+") as fstatus:
-                spec = {"status_fd": fstatus.fileno(), "pass_status": "driver-ready" in expect, "rlimits": limits.rlimits(), "argv": argv, "env": PROGRAM_ENV, "cwd": WORKDIR}
+            with (
+                open(stdin_path, "rb") as fin,
+                open(directory / "stdout", "wb+") as fout,
+                open(directory / "stderr", "wb+") as ferr,
+                open(directory / "status", "wb+") as fstatus,
+            ):
+                spec = {
+                    "status_fd": fstatus.fileno(),
+                    "pass_status": "driver-ready" in expect,
+                    "rlimits": limits.rlimits(),
+                    "argv": argv,
+                    "env": PROGRAM_ENV,
+                    "cwd": WORKDIR,
+                }
                 command = self.command(directory, inputs, spec)
                 started = time.perf_counter()
                 try:
-                    process = subprocess.Popen(command, stdin=fin, stdout=fout, stderr=ferr, pass_fds=(fstatus.fileno(),), start_new_session=True, env={"PATH": "/usr/bin:/bin"}, **drop_privileges())
+                    process = subprocess.Popen(
+                        command,
+                        stdin=fin,
+                        stdout=fout,
+                        stderr=ferr,
+                        pass_fds=(fstatus.fileno(),),
+                        start_new_session=True,
+                        env={"PATH": "/usr/bin:/bin"},
+                        **drop_privileges(),
+                    )
                 except OSError as exc:
                     raise SandboxError(f"{self.name}: cannot start {command[0]}: {exc}") from exc
                 timed_out = False
@@ -189,7 +242,9 @@ class Sandbox(ABC):
         failed = [line for line in status if line not in expect]
         missing = [line for line in expect if line not in status]
         if failed or (missing and not timed_out):
-            raise SandboxError(f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}, no {missing[0]!r}'}): {stderr.strip()[-500:]}")
+            raise SandboxError(
+                f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}, no {missing[0]!r}'}): {stderr.strip()[-500:]}"
+            )
         if missing:
             raise SandboxError(f"{self.name}: the sandbox did not start within {limits.wall_seconds} s")
         return RunResult(code, stdout, stderr, timed_out, wall_ms, cut_out or cut_err)
@@ -204,7 +259,14 @@ def _parse_report(run: RunResult, tests: int, cap: int) -> list[RunResult]:
     try:
         entries = json.loads(run.stdout)["results"]
         results = [
-            RunResult(int(e["exit_code"]), _decode(e["stdout"], cap), _decode(e["stderr"], cap), bool(e["timed_out"]), float(e["wall_ms"]), bool(e["truncated"]))
+            RunResult(
+                int(e["exit_code"]),
+                _decode(e["stdout"], cap),
+                _decode(e["stderr"], cap),
+                bool(e["timed_out"]),
+                float(e["wall_ms"]),
+                bool(e["truncated"]),
+            )
             for e in entries
         ]
     except (ValueError, KeyError, TypeError):

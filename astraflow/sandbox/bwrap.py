@@ -26,12 +26,33 @@ class BwrapSandbox(Sandbox):
     def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:
         size = str(self.limits.max_file_mb * 1024 * 1024)
         binds, links = system_mounts()
-        argv = [self.binary, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+        argv = [
+            self.binary,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--clearenv",
+        ]
         for path in binds:
             argv += ["--ro-bind", path, path]
         for link, target in links.items():
             argv += ["--symlink", target, link]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            size,
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            size,
+            "--tmpfs",
+            WORKDIR,
+        ]
         for name, path in inputs.items():
             argv += ["--ro-bind", str(path), f"{WORKDIR}/{name}"]
         argv += ["--remount-ro", "/", "--chdir", WORKDIR, "--setenv", "PATH", "/usr/bin:/bin"]

@@ -23,7 +23,16 @@ import os
 import resource
 import sys
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 MNT_DETACH = 2
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
@@ -38,14 +47,23 @@ def check(result, what):
 
 
 def mount(source, target, fstype, flags, data=None):
-    check(LIBC.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags, data and data.encode()), f"mount {target}")
+    check(
+        LIBC.mount(
+            source and source.encode(), target.encode(), fstype and fstype.encode(), flags, data and data.encode()
+        ),
+        f"mount {target}",
+    )
 
 
 def bind_read_only(source, target):
     """Bind ``source`` on ``target`` read-only, keeping the flags the kernel locked on it."""
     mount(source, target, None, MS_BIND | MS_REC)
     vfs = os.statvfs(source)
-    locked = sum(flag for st, flag in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC)) if vfs.f_flag & st)
+    locked = sum(
+        flag
+        for st, flag in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC))
+        if vfs.f_flag & st
+    )
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | locked)
 
 

@@ -35,5 +35,15 @@ class UnshareSandbox(Sandbox):
             "tmpfs": {WORKDIR: size, "/tmp": size},
             "files": {f"{WORKDIR}/{name}": str(path) for name, path in inputs.items()},
         }
-        namespaces = ["--user", "--map-root-user", "--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child"]
+        namespaces = [
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--net",
+            "--mount",
+            "--ipc",
+            "--uts",
+            "--fork",
+            "--kill-child",
+        ]
         return [self.binary, *namespaces, *self.launcher_argv(spec)]

@@ -25,9 +25,9 @@ import time
 
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError
-from astraflow.scaler.rule import AutoScaler, Decision, ScalerWindow, capped
 from astraflow.log import TopicPartition
 from astraflow.metric_names import SCALER_DESIRED_PRODUCERS, SCALER_WAIT_FRACTION
+from astraflow.scaler.rule import AutoScaler, Decision, ScalerWindow, capped
 from astraflow.schemas.records import Metric
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,11 @@ class ScalerComponent:
         self.ctx = ctx
         self.cfg = capped(ctx.config.scaler, ctx.config.log.partitions)
         if self.cfg.max_producers < ctx.config.scaler.max_producers:
-            logger.warning("scaler.max_producers %d capped at log.partitions %d", ctx.config.scaler.max_producers, self.cfg.max_producers)
+            logger.warning(
+                "scaler.max_producers %d capped at log.partitions %d",
+                ctx.config.scaler.max_producers,
+                self.cfg.max_producers,
+            )
         self.samples_topic = ctx.topics.samples(policy)
         self.train_group = f"{ctx.config.run}.train.{policy}"
         self.window = ScalerWindow(self.cfg.window_s, ctx.config.train.batch_samples)
@@ -86,12 +90,25 @@ class ScalerComponent:
             logger.info("desired producers %d -> %d: %s", previous, decision.desired, decision.reason)
         if observation.wait_fraction is not None:
             self.ctx.metric(SCALER_WAIT_FRACTION, observation.wait_fraction, self.decisions)
-        inputs = {"producers": observation.producers, "steps": observation.steps, "wait_fraction": observation.wait_fraction,
-                  "entered": observation.entered, "consumed": observation.consumed, "busy": observation.busy_fraction,
-                  "waiting_s": observation.waiting_s,
-                  "at_ms": at_ms, "started_ms": self.started_ms}
-        self.ctx.metric(SCALER_DESIRED_PRODUCERS, decision.desired, self.decisions, rule=decision.rule,
-                        reason=decision.reason, bounds=f"{self.cfg.min_producers}-{self.cfg.max_producers}",
-                        **{key: "" if value is None else str(value) for key, value in inputs.items()})
+        inputs = {
+            "producers": observation.producers,
+            "steps": observation.steps,
+            "wait_fraction": observation.wait_fraction,
+            "entered": observation.entered,
+            "consumed": observation.consumed,
+            "busy": observation.busy_fraction,
+            "waiting_s": observation.waiting_s,
+            "at_ms": at_ms,
+            "started_ms": self.started_ms,
+        }
+        self.ctx.metric(
+            SCALER_DESIRED_PRODUCERS,
+            decision.desired,
+            self.decisions,
+            rule=decision.rule,
+            reason=decision.reason,
+            bounds=f"{self.cfg.min_producers}-{self.cfg.max_producers}",
+            **{key: "" if value is None else str(value) for key, value in inputs.items()},
+        )
         self.ctx.producer.flush()
         return decision

@@ -83,7 +83,9 @@ def decide(obs: Observation, previous: int, cfg: ScalerConfig) -> Decision:
     g = obs.producers or previous
     w = obs.wait_fraction
     if w is None:
-        return Decision(previous, "hold", "no trainer time in the window yet (not started, or busy with its first step)")
+        return Decision(
+            previous, "hold", "no trainer time in the window yet (not started, or busy with its first step)"
+        )
     if w > cfg.scale_up_above:
         if w >= 1.0:
             target, formula = cfg.max_producers, "never fed in the window: the maximum"
@@ -99,9 +101,17 @@ def decide(obs: Observation, previous: int, cfg: ScalerConfig) -> Decision:
         ratio = obs.consumed / obs.entered * busy
         target = min(g, math.ceil(round(g * ratio * cfg.headroom, 9)))
         desired = min(previous, _clamp(target, cfg))
-        return Decision(desired, "down", f"trainer waited {w:.1%} < {cfg.scale_down_below:.0%}: consumed/entered {obs.consumed}/{obs.entered} "
-                                          f"x busy {busy:.2f} = {ratio:.3f}; min({g}, ⌈{g}·{ratio:.3f}·{cfg.headroom:.2f}⌉) = {target}{_bounded(target, cfg)}")
-    return Decision(previous, "hold", f"trainer waited {w:.1%}, inside the dead band [{cfg.scale_down_below:.0%}, {cfg.scale_up_above:.0%}]")
+        return Decision(
+            desired,
+            "down",
+            f"trainer waited {w:.1%} < {cfg.scale_down_below:.0%}: consumed/entered {obs.consumed}/{obs.entered} "
+            f"x busy {busy:.2f} = {ratio:.3f}; min({g}, ⌈{g}·{ratio:.3f}·{cfg.headroom:.2f}⌉) = {target}{_bounded(target, cfg)}",
+        )
+    return Decision(
+        previous,
+        "hold",
+        f"trainer waited {w:.1%}, inside the dead band [{cfg.scale_down_below:.0%}, {cfg.scale_up_above:.0%}]",
+    )
 
 
 def capped(cfg: ScalerConfig, partitions: int) -> ScalerConfig:
@@ -166,7 +176,11 @@ class ScalerWindow:
         waited = sum(v[TRAIN_WAIT_SECONDS] for v in steps)
         total = waited + sum(v[TRAIN_STEP_SECONDS] for v in steps)
         waiting = 0.0
-        if self._trainer_ms is not None and self._offsets and self._offsets[-1][1] - self._offsets[-1][2] < self.batch_samples:
+        if (
+            self._trainer_ms is not None
+            and self._offsets
+            and self._offsets[-1][1] - self._offsets[-1][2] < self.batch_samples
+        ):
             waiting = max(0, now_ms - max(start, self._trainer_ms)) / 1000
         total += waiting
         wait_fraction = (waited + waiting) / total if self._trainer_ms is not None and total > 0 else None
@@ -175,8 +189,15 @@ class ScalerWindow:
         if len(self._offsets) >= 2:
             base = self._offsets[0]
             entered, consumed = self._offsets[-1][1] - base[1], self._offsets[-1][2] - base[2]
-        return Observation(len(active), len(steps), wait_fraction, max(consumed, 0), max(entered, 0),
-                           self._busy_fraction(active, start, now_ms), waiting)
+        return Observation(
+            len(active),
+            len(steps),
+            wait_fraction,
+            max(consumed, 0),
+            max(entered, 0),
+            self._busy_fraction(active, start, now_ms),
+            waiting,
+        )
 
     def _busy_fraction(self, active: list[str], start: int, now_ms: int) -> float | None:
         busy = alive = 0.0

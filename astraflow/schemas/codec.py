@@ -200,10 +200,10 @@ def _splice(full_name: str, nodes: list[dict[str, Any]], fields_: tuple[_Field, 
         return parse_schema({"type": "record", "name": f"{full_name}_{suffix}", "fields": chosen}, _write_hint=False)
 
     try:
-        before, after = part("before", nodes[:i]), part("after", nodes[i + 1:])
+        before, after = part("before", nodes[:i]), part("after", nodes[i + 1 :])
     except Exception:  # noqa: BLE001 - a field type that needs named schemas: no splicing for this record
         return None
-    return _Splice(fields_[i].name, fields_[i].expected, fields_[:i], fields_[i + 1:], before, after)
+    return _Splice(fields_[i].name, fields_[i].expected, fields_[:i], fields_[i + 1 :], before, after)
 
 
 @cache
@@ -303,8 +303,10 @@ class Codec:
         except SchemaResolutionError as exc:
             if reader is None:
                 raise SchemaError(f"corrupt or truncated {_where(writer, data)}: {type(exc).__name__}: {exc}") from exc
-            raise SchemaError(f"incompatible {_where(writer, data)}: its writer schema does not resolve to this "
-                              f"package's schema: {exc}") from exc
+            raise SchemaError(
+                f"incompatible {_where(writer, data)}: its writer schema does not resolve to this "
+                f"package's schema: {exc}"
+            ) from exc
         except _READ_ERRORS as exc:
             raise SchemaError(f"corrupt or truncated {_where(writer, data)}: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data):

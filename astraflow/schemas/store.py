@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from fastavro import parse_schema
-from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import SchemaParseException, to_parsing_canonical_form
+from fastavro.schema import fingerprint as _fastavro_fingerprint
 
 from astraflow.errors import SchemaError, UnknownSchemaError
 from astraflow.log.base import Log, TopicPartition, TopicSpec

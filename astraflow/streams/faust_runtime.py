@@ -58,7 +58,8 @@ from functools import cached_property
 from typing import Any
 
 import faust
-from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer, Transport as AIOKafkaTransport
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
 from astraflow.context import ComponentContext
@@ -180,7 +181,9 @@ class FaustStreamProcessor(GroupProcessor):
 
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         if ctx.config.log.backend != "kafka":
-            raise ConfigError("stream.runtime: 'faust' runs on Kafka only (log.backend: kafka); use 'native' on the embedded log")
+            raise ConfigError(
+                "stream.runtime: 'faust' runs on Kafka only (log.backend: kafka); use 'native' on the embedded log"
+            )
         super().__init__(ctx, policy, Outbox())
         if self.pipeline.offline:
             raise ConfigError("stream.pipeline: op 'offline' needs the native runtime (stream.runtime: native)")
@@ -245,7 +248,8 @@ class FaustStreamProcessor(GroupProcessor):
                 if now - first_seen > STALL_LIMIT_S:
                     self.failure = CommitStalled(
                         f"faust has committed nothing of partition {tp.partition} of {tp.topic} for {STALL_LIMIT_S:.0f} s: "
-                        f"offset {offset} is acked, {self.next_offsets.get(tp.partition)} is the next to process")
+                        f"offset {offset} is acked, {self.next_offsets.get(tp.partition)} is the next to process"
+                    )
                     logger.error("%s; stopping the worker", self.failure)
                     stop.set()
                     return
@@ -278,7 +282,9 @@ class FaustStreamProcessor(GroupProcessor):
         app.transport = _Transport(app.conf.broker_consumer, app)
         table = app.Table("pending", partitions=partitions, key_type=bytes, value_type=bytes)
         changelog = table.changelog_topic.get_topic_name()
-        self.table = PendingTable(table.data, lambda key, value, partition: self.out.put(changelog, key, value, partition))
+        self.table = PendingTable(
+            table.data, lambda key, value, partition: self.out.put(changelog, key, value, partition)
+        )
         topic = app.topic(self.source, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
         async def flush_table() -> None:
@@ -294,7 +300,9 @@ class FaustStreamProcessor(GroupProcessor):
                 try:
                     await self._on_event(app, event, max(follower.latest_version, 0))
                 except Exception as exc:  # the lock stays taken: nothing of this record is committed
-                    logger.exception("handling %s@%s failed; stopping the worker", event.message.partition, event.message.offset)
+                    logger.exception(
+                        "handling %s@%s failed; stopping the worker", event.message.partition, event.message.offset
+                    )
                     self.failure = exc
                     stop.set()
                     return
@@ -321,17 +329,22 @@ class FaustStreamProcessor(GroupProcessor):
 
     async def _on_event(self, app: faust.App, event: faust.EventT, version: int) -> None:
         partition = event.message.partition
-        message = Message(self.source, partition, event.message.offset, event.key, event.value,
-                          int(event.message.timestamp * 1000))
+        message = Message(
+            self.source, partition, event.message.offset, event.key, event.value, int(event.message.timestamp * 1000)
+        )
         loop = asyncio.get_running_loop()
         buffer = self.buffers.get(partition)
         if buffer is None:  # the partition's first record since it was assigned: its groups are in the table
             offsets = self.table.offsets(partition)
             records = await loop.run_in_executor(None, read_records, self.ctx.log, self.source, partition, offsets)
             buffer = self.buffers[partition] = self.table.restore(partition, records, self.ctx.codec)
-            self.next_offsets[partition] = await loop.run_in_executor(None, start_offset, self.ctx.log, self.app_id, self.source, partition)
+            self.next_offsets[partition] = await loop.run_in_executor(
+                None, start_offset, self.ctx.log, self.app_id, self.source, partition
+            )
         expected = self.next_offsets[partition]
-        if message.offset < expected:  # delivered again (faust re-read after a seek): handled in this assignment already
+        if (
+            message.offset < expected
+        ):  # delivered again (faust re-read after a seek): handled in this assignment already
             return
         if message.offset > expected:
             await self._recover_skipped(app, event.message.tp, expected, message.offset, version, buffer)
@@ -348,9 +361,13 @@ class FaustStreamProcessor(GroupProcessor):
         group = app.assignor.group_for_topic(self.source)
         for topic, key, value, target in records:
             partition = target if source_partition is None else source_partition
-            await app.producer.send(topic, key, value, target, None, None, transactional_id=f"{app.conf.id}-{group}-{partition}")
+            await app.producer.send(
+                topic, key, value, target, None, None, transactional_id=f"{app.conf.id}-{group}-{partition}"
+            )
 
-    async def _recover_skipped(self, app: faust.App, tp: TP, start: int, end: int, version: int, buffer: GroupBuffer) -> None:
+    async def _recover_skipped(
+        self, app: faust.App, tp: TP, start: int, end: int, version: int, buffer: GroupBuffer
+    ) -> None:
         """Handle the records ``start`` to ``end`` (exclusive) that faust did not deliver, read from the log.
 
         faust-streaming (0.15) can leave records out around a partition's assignment. Its stream
@@ -361,9 +378,16 @@ class FaustStreamProcessor(GroupProcessor):
         partition until the broker aborts its transaction. So they are read here, handled in
         offset order like any record, and counted as acked.
         """
-        missed = await asyncio.get_running_loop().run_in_executor(None, lambda: list(read_range(self.ctx.log, self.source, tp.partition, start, end)))
-        logger.warning("faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
-                       start, end - 1, tp.partition, len(missed))
+        missed = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: list(read_range(self.ctx.log, self.source, tp.partition, start, end))
+        )
+        logger.warning(
+            "faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
+            start,
+            end - 1,
+            tp.partition,
+            len(missed),
+        )
         self.recovered += end - start
         self.ctx.metric(STREAM_FAUST_SKIPPED_RECORDS, self.recovered, version, policy=self.policy)
         for message in missed:
@@ -377,7 +401,13 @@ class FaustStreamProcessor(GroupProcessor):
         before = self.table.entries(buffer, partition, arrival.group_id)
         duplicates = buffer.duplicates
         group = arrival.join(buffer, partition, message.offset)
-        self.table.journal(before, self.table.entries(buffer, partition, arrival.group_id), partition, message.offset, arrival.group_size)
+        self.table.journal(
+            before,
+            self.table.entries(buffer, partition, arrival.group_id),
+            partition,
+            message.offset,
+            arrival.group_size,
+        )
         if buffer.duplicates > duplicates:
             self._count_drop("redelivered", version)
         accepted = [group] if group is not None and self._process(group, version) else []

@@ -143,8 +143,12 @@ class PendingTable:
             elif number in records:
                 buffer.add(codec.decode(records[number], expect=Trajectory), partition, number)
             else:
-                logger.warning("record %d@%d of group %s is gone from the input (retention?): the group is incomplete",
-                               partition, number, group_id)
+                logger.warning(
+                    "record %d@%d of group %s is gone from the input (retention?): the group is incomplete",
+                    partition,
+                    number,
+                    group_id,
+                )
                 buffer.fail(group_id, member)
         return buffer
 
@@ -154,7 +158,9 @@ def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> di
     if not offsets:
         return {}
     wanted = set(offsets)
-    return {m.offset: m.value for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted}
+    return {
+        m.offset: m.value for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted
+    }
 
 
 def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:

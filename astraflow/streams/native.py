@@ -63,7 +63,10 @@ class NativeStreamProcessor(GroupProcessor):
         consumer = ctx.log.consumer(group_id=f"{ctx.config.run}.stream.{self.policy}")
         consumer.subscribe([source])
         follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
-        offline_sources = [OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index) for index, mixer in enumerate(self.pipeline.offline)]
+        offline_sources = [
+            OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index)
+            for index, mixer in enumerate(self.pipeline.offline)
+        ]
         pending: list[tuple[int, dict[TopicPartition, int], float]] = []
         """Per poll not committed yet: the producer's mark after its sends, its offsets, when it was read."""
 
@@ -86,7 +89,9 @@ class NativeStreamProcessor(GroupProcessor):
 
         def commit_settled() -> None:
             """Commit the polls whose sends are acknowledged, without waiting for any."""
-            for index in range(len(pending), 0, -1):  # marks increase: the last settled poll settles every one before it
+            for index in range(
+                len(pending), 0, -1
+            ):  # marks increase: the last settled poll settles every one before it
                 if ctx.producer.settled(pending[index - 1][0]):
                     commit(index)
                     return

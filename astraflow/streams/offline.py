@@ -50,18 +50,25 @@ def check_source(config: RunConfig, source: RunConfig, where: str) -> None:
     """``ConfigError`` unless the source run's token ids and log-probs mean what this run's do."""
     mismatches = {
         "model.path": (config.model.path, source.model.path, "the token ids are the source tokenizer's"),
-        "rollout.temperature": (config.rollout.temperature, source.rollout.temperature,
-                                "the behaviour log-probs were sampled at the source's temperature"),
+        "rollout.temperature": (
+            config.rollout.temperature,
+            source.rollout.temperature,
+            "the behaviour log-probs were sampled at the source's temperature",
+        ),
     }
     for field, (mine, theirs, why) in mismatches.items():
         if mine != theirs:
-            raise ConfigError(f"stream.pipeline offline source {where}: {field} must equal the source run's ({theirs!r}, here {mine!r}): {why}")
+            raise ConfigError(
+                f"stream.pipeline offline source {where}: {field} must equal the source run's ({theirs!r}, here {mine!r}): {why}"
+            )
 
 
 class OfflineSource:
     """Feeds one ``OfflineMixer`` from its topic, for one policy's stream processor."""
 
-    def __init__(self, ctx: ComponentContext, policy: str, mixer: OfflineMixer, operators: list[GroupOperator], index: int) -> None:
+    def __init__(
+        self, ctx: ComponentContext, policy: str, mixer: OfflineMixer, operators: list[GroupOperator], index: int
+    ) -> None:
         self.ctx = ctx
         self.policy = policy
         self.mixer = mixer
@@ -123,7 +130,11 @@ class OfflineSource:
 
     def _accept(self, group: Group, version: int) -> None:
         group.origin = f"#offline{self.passes}"
-        reason = f"incomplete: {len(group.failed)} member(s) dead-lettered" if group.failed else run_pipeline(self.operators, group, version)
+        reason = (
+            f"incomplete: {len(group.failed)} member(s) dead-lettered"
+            if group.failed
+            else run_pipeline(self.operators, group, version)
+        )
         if reason is not None:
             kind = reason.split(":", 1)[0]
             self.drops[kind] += 1
@@ -156,7 +167,11 @@ class OfflineSource:
         """Commit below every offline group not emitted yet (buffered, or fed and still pending)."""
         pending = {group.group_id for group in self.mixer.pending} | set(self.buffer.pending)
         self._first = {gid: first for gid, first in self._first.items() if gid in pending}
-        safe = {tp.partition: self.consumer.position(tp) for tp in self.consumer.assignment() if tp.topic == self.mixer.topic}
+        safe = {
+            tp.partition: self.consumer.position(tp)
+            for tp in self.consumer.assignment()
+            if tp.topic == self.mixer.topic
+        }
         for first in self._first.values():
             for partition, offset in first.items():
                 if partition in safe:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from astraflow.config import StreamConfig
-from astraflow.streams import advantage, filters, mixing, ordering
-from astraflow.streams.operators import OPERATORS, Group, GroupOperator, Mixer, Ordering, run_pipeline
-from astraflow.streams.mixing import OfflineMixer
 from astraflow.config.pipeline import StalenessSpec
+from astraflow.streams import advantage, filters, mixing, ordering
+from astraflow.streams.mixing import OfflineMixer
+from astraflow.streams.operators import OPERATORS, Group, GroupOperator, Mixer, Ordering, run_pipeline
 
 OPERATOR_MODULES = (filters, advantage, mixing, ordering)
 """Importing these modules fills ``OPERATORS``: each class there is ``@register``-ed under its YAML name."""

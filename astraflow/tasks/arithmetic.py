@@ -63,8 +63,18 @@ def judge_problems(problems: Iterable[Problem], seed: int = 0) -> list[Problem]:
     for problem in problems:
         candidate = problem.answer
         if rng.random() >= 0.5:
-            candidate = str(int(problem.answer) + rng.choice((-10, -2, -1, 1, 2, 10))) if problem.answer.isdigit() else problem.answer + "0"
-        rows.append(Problem(f"{problem.prompt_id}?{candidate}", judge_prompt(problem.prompt, candidate), judge_reference(problem.answer, candidate)))
+            candidate = (
+                str(int(problem.answer) + rng.choice((-10, -2, -1, 1, 2, 10)))
+                if problem.answer.isdigit()
+                else problem.answer + "0"
+            )
+        rows.append(
+            Problem(
+                f"{problem.prompt_id}?{candidate}",
+                judge_prompt(problem.prompt, candidate),
+                judge_reference(problem.answer, candidate),
+            )
+        )
     return rows
 
 

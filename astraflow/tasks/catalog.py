@@ -22,8 +22,8 @@ from pathlib import Path
 
 from astraflow.config import AgentConfig
 from astraflow.envs.base import EnvFactory, EpisodeEnv
-from astraflow.schemas.records import RolloutTask
 from astraflow.errors import ConfigError
+from astraflow.schemas.records import RolloutTask
 
 
 def _search_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
@@ -41,11 +41,17 @@ def _search_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
 
 
 def _code_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
-    from astraflow.tasks.code.env import CodeEnv
     from astraflow.sandbox import SandboxLimits, open_sandbox
+    from astraflow.tasks.code.env import CodeEnv
 
     box = agent.sandbox
-    limits = SandboxLimits(wall_seconds=box.wall_seconds, cpu_seconds=box.cpu_seconds, memory_mb=box.memory_mb, max_processes=box.max_processes, max_file_mb=box.max_file_mb)
+    limits = SandboxLimits(
+        wall_seconds=box.wall_seconds,
+        cpu_seconds=box.cpu_seconds,
+        memory_mb=box.memory_mb,
+        max_processes=box.max_processes,
+        max_file_mb=box.max_file_mb,
+    )
     sandbox = open_sandbox(box.backend, limits, python=box.python)
     return lambda task, episode: CodeEnv(task, sandbox)
 
@@ -98,7 +104,9 @@ class Environments:
 def open_environments(workflow: str, reward: str, agent: AgentConfig, data_dir: Path | None) -> Environments:
     """The environments of ``workflow``; ``ConfigError`` naming the field when the config cannot run them."""
     if workflow not in ENVIRONMENTS:
-        raise ConfigError(f"rollout.workflow: unknown workflow {workflow!r}; choose 'single_turn' or one of {sorted(ENVIRONMENTS)}")
+        raise ConfigError(
+            f"rollout.workflow: unknown workflow {workflow!r}; choose 'single_turn' or one of {sorted(ENVIRONMENTS)}"
+        )
     scored_by = ENVIRONMENTS[workflow][0]
     if reward != scored_by:
         raise ConfigError(f"rollout.reward: workflow {workflow!r} is scored by {scored_by!r}, not {reward!r}")

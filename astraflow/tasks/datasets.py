@@ -14,10 +14,10 @@ from typing import Literal
 
 from astraflow.config import RunConfig, TaskConfig
 from astraflow.errors import ConfigError
+from astraflow.rundir import RunDir
 from astraflow.tasks.arithmetic import ALPHABET as ARITHMETIC_ALPHABET
 from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_target
 from astraflow.tasks.base import Problem, read_jsonl, write_jsonl
-from astraflow.rundir import RunDir
 
 Split = Literal["train", "heldout"]
 
@@ -57,7 +57,11 @@ def load_policy_split(config: RunConfig, run_dir: Path, split: Split, targets: b
     judged = judge_problems(rows, seed=config.task.seed + (split == "heldout"))
     if not targets:
         return judged
-    return [replace(row, answer=judge_target(row.answer)) for row in judged if judge_target(row.answer) != row.answer.split("|", 1)[1]]
+    return [
+        replace(row, answer=judge_target(row.answer))
+        for row in judged
+        if judge_target(row.answer) != row.answer.split("|", 1)[1]
+    ]
 
 
 def generate_split(task: TaskConfig, data_dir: Path) -> tuple[list[Problem], list[Problem]]:

@@ -46,8 +46,16 @@ class TrainerState:
     resumed offsets, so duplicates are dropped across restarts too (0: its memory began empty)."""
 
     def to_json(self) -> str:
-        return json.dumps({"version": self.version, "offsets": self.offsets, "trained_samples": self.trained_samples,
-                           "history": self.history, "resumes": self.resumes, "recall_window": self.recall_window})
+        return json.dumps(
+            {
+                "version": self.version,
+                "offsets": self.offsets,
+                "trained_samples": self.trained_samples,
+                "history": self.history,
+                "resumes": self.resumes,
+                "recall_window": self.recall_window,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "TrainerState":
@@ -56,8 +64,14 @@ class TrainerState:
         def offsets(d: dict) -> dict[int, int]:
             return {int(k): v for k, v in d.items()}
 
-        return cls(raw["version"], offsets(raw["offsets"]), raw["trained_samples"],
-                   [(v, offsets(o)) for v, o in raw.get("history", [])], [offsets(o) for o in raw.get("resumes", [])], raw.get("recall_window", 0))
+        return cls(
+            raw["version"],
+            offsets(raw["offsets"]),
+            raw["trained_samples"],
+            [(v, offsets(o)) for v, o in raw.get("history", [])],
+            [offsets(o) for o in raw.get("resumes", [])],
+            raw.get("recall_window", 0),
+        )
 
 
 def latest_checkpoint(directory: Path) -> Path | None:

@@ -54,7 +54,9 @@ def build_backend(
         from astraflow.training.backends.deepspeed_zero import DeepSpeedBackend
 
         options = deepspeed or DeepSpeedOptions()
-        return DeepSpeedBackend(model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer)
+        return DeepSpeedBackend(
+            model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer
+        )
     if name == "simulated":
         from astraflow.config import SimulatedTrainerOptions
         from astraflow.training.backends.simulated import SimulatedBackend, TrainTimeModel
@@ -74,8 +76,16 @@ def build_learner(
     simulated: SimulatedTrainerOptions | None = None,
 ) -> Learner:
     """The learner of backend ``name`` over ``model``, with the optimizer settings of ``config``."""
-    backend = build_backend(name, model, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
-                            max_grad_norm=config.max_grad_norm, deepspeed=deepspeed, simulated=simulated)
+    backend = build_backend(
+        name,
+        model,
+        lr=config.lr,
+        betas=config.betas,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        deepspeed=deepspeed,
+        simulated=simulated,
+    )
     if name == "simulated":
         return SimulatedLearner(model, pad_id, config, backend)
     return PolicyTrainer(model, pad_id, config, backend=backend)

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from astraflow.models.sampling import left_pad
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.backends.torch_adamw import TorchBackend
 from astraflow.training.loss import Aggregation, ppo_clip_loss
-from astraflow.models.sampling import left_pad
 
 
 @dataclass
@@ -149,12 +149,21 @@ class PolicyTrainer:
     lives in a ``TrainerBackend`` (``train.backend``: plain torch unless another one is passed).
     """
 
-    def __init__(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, version: int = 0, backend: TrainerBackend | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        pad_id: int,
+        config: PolicyStepConfig,
+        version: int = 0,
+        backend: TrainerBackend | None = None,
+    ) -> None:
         self.model = model
         self.pad_id = pad_id
         self.config = config
         self.version = version
-        self.backend = backend or TorchBackend(model, config.lr, config.betas, config.weight_decay, config.max_grad_norm)
+        self.backend = backend or TorchBackend(
+            model, config.lr, config.betas, config.weight_decay, config.max_grad_norm
+        )
         self.optimizer = self.backend.optimizer
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:

@@ -179,7 +179,9 @@ def parse_section(encoding: str, section: np.ndarray, n: int, dtype: np.dtype) -
     stream_dtype = GAP_DTYPES.get(positions, np.dtype(np.uint8))
     at = head + pad8(words * stream_dtype.itemsize)
     value_bytes = (pad8((k + 1) // 2) + escaped * width) if d4 else k * width
-    _expect(k <= n and section.nbytes == at + value_bytes, f"{encoding} section of {section.nbytes} bytes for {k} changes")
+    _expect(
+        k <= n and section.nbytes == at + value_bytes, f"{encoding} section of {section.nbytes} bytes for {k} changes"
+    )
     stream = section[head : head + words * stream_dtype.itemsize].view(stream_dtype)
     if positions == "bitmap":
         _expect(words == (n + 7) // 8, f"bitmap of {words} bytes for {n} elements")
@@ -221,7 +223,9 @@ def apply_section(section: Section, target: np.ndarray) -> None:
     buffer = np.empty(min(BLOCK_WORDS, section.stream.size), dtype=np.int64)  # reused: no allocation per block
     for start in range(0, section.stream.size, BLOCK_WORDS):
         words = section.stream[start : start + BLOCK_WORDS]
-        steps = np.add(words, 1, dtype=np.int64, out=buffer[: words.size])  # [block] a change word moves gap + 1 elements
+        steps = np.add(
+            words, 1, dtype=np.int64, out=buffer[: words.size]
+        )  # [block] a change word moves gap + 1 elements
         is_escape = words == escape if section.escapes else None
         if is_escape is not None and is_escape.any():
             steps[is_escape] = escape  # an escape word moves E elements and is no change

@@ -169,7 +169,9 @@ class WeightFollower:
                 try:
                     record = self._codec.decode(message.value, expect=WeightChunk)
                 except AstraFlowError as exc:
-                    logger.error("skipping an undecodable weights record at %s:%d: %s", message.partition, message.offset, exc)
+                    logger.error(
+                        "skipping an undecodable weights record at %s:%d: %s", message.partition, message.offset, exc
+                    )
                     continue
                 self._receive(record)
             if not self._caught_up.is_set() and self._consumer.position(self._manifest_tp) >= self._catch_up_to:
@@ -209,8 +211,13 @@ class WeightFollower:
         if delta and self._tip != (manifest.base_version, manifest.base_sha256):
             self.skipped_deltas += 1
             self._newest_rejected = max(self._newest_rejected, manifest.version)
-            logger.warning("weights version %d of %s is a delta on version %d, but this reader holds %s; waiting for the next full version",
-                           manifest.version, self.topic, manifest.base_version, self._tip[0] if self._tip else "none")
+            logger.warning(
+                "weights version %d of %s is a delta on version %d, but this reader holds %s; waiting for the next full version",
+                manifest.version,
+                self.topic,
+                manifest.base_version,
+                self._tip[0] if self._tip else "none",
+            )
             return
         try:
             if manifest.encoding not in ("full", "delta"):
@@ -222,7 +229,9 @@ class WeightFollower:
             logger.error("weights version %d of %s not applied: %s", manifest.version, self.topic, exc)
             return
         self._tip, self._tip_layout = (manifest.version, manifest.sha256), spec_layout(manifest.tensors)
-        self._set_latest(manifest.version, manifest.created_ms, _Accepted(manifest.version, not delta, plan, manifest.created_ms))
+        self._set_latest(
+            manifest.version, manifest.created_ms, _Accepted(manifest.version, not delta, plan, manifest.created_ms)
+        )
 
     def _set_latest(self, version: int, published_ms: int, accepted: _Accepted | None) -> None:
         with self._lock:

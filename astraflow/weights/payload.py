@@ -34,8 +34,21 @@ from astraflow.weights.delta import Section, apply_section, decode_section, enco
 TRANSFER_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMPY_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
-_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64,
-                                                      torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
 
 
 @dataclass
@@ -56,8 +69,9 @@ class Payload:
         return sum(k for _, _, k in self.changes)
 
 
-def to_transfer(state: Mapping[str, torch.Tensor], transfer_dtype: str,
-                reuse: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def to_transfer(
+    state: Mapping[str, torch.Tensor], transfer_dtype: str, reuse: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """A CPU copy of ``state`` with floating tensors in the transfer dtype; tied tensors stay tied.
 
     ``reuse``: an earlier result whose tensors nobody reads any more; those of matching name,
@@ -70,14 +84,23 @@ def to_transfer(state: Mapping[str, torch.Tensor], transfer_dtype: str,
     taken: set[int] = set()
     for name, tensor in state.items():
         tensor = tensor.detach()
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        key = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
         if key not in seen:
             target = dtype if tensor.is_floating_point() else tensor.dtype
             spare = reuse.get(name) if reuse is not None else None
             if spare is not None and spare.dtype == target and spare.shape == tensor.shape and id(spare) not in taken:
                 seen[key] = spare.copy_(tensor)
             else:
-                seen[key] = tensor.to(device="cpu", dtype=target, copy=True).contiguous()  # copy: never alias the live model
+                seen[key] = tensor.to(
+                    device="cpu", dtype=target, copy=True
+                ).contiguous()  # copy: never alias the live model
             taken.add(id(seen[key]))
         out[name] = seen[key]
     return out
@@ -148,26 +171,42 @@ def check_payload(buffer: bytearray, specs: list[TensorSpec], base: Layout | Non
     for spec in specs:
         key = (spec.offset, spec.length, spec.encoding)
         dtype = _DTYPES.get(spec.dtype)
-        if dtype is None or spec.offset < 0 or spec.length < 0 or spec.offset + spec.length > len(buffer) or spec.offset % 8:
-            raise WeightsError(f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) does not fit a {len(buffer)}-byte payload")
+        if (
+            dtype is None
+            or spec.offset < 0
+            or spec.length < 0
+            or spec.offset + spec.length > len(buffer)
+            or spec.offset % 8
+        ):
+            raise WeightsError(
+                f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) does not fit a {len(buffer)}-byte payload"
+            )
         n = prod(spec.shape)
         section = parsed.get(key) if spec.length else None
         if section is None:
             try:
-                section = parse_section(spec.encoding, data[spec.offset : spec.offset + spec.length], n, _numpy_bits(dtype))
+                section = parse_section(
+                    spec.encoding, data[spec.offset : spec.offset + spec.length], n, _numpy_bits(dtype)
+                )
             except WeightsError as exc:
                 raise WeightsError(f"tensor {spec.name!r}: {exc}") from exc
             parsed[key] = section
         elif section.n != n:
-            raise WeightsError(f"tensor {spec.name!r}: shares the bytes of a tensor of {section.n} elements but has {n}")
+            raise WeightsError(
+                f"tensor {spec.name!r}: shares the bytes of a tensor of {section.n} elements but has {n}"
+            )
         if section.needs_base and (base is None or base.get(spec.name) != (dtype, n)):
             have = base.get(spec.name) if base is not None else None
-            raise WeightsError(f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, the base has {have}")
+            raise WeightsError(
+                f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, the base has {have}"
+            )
         plan.append(PlannedTensor(spec, dtype, section, key))
     return plan
 
 
-def apply_payload(plan: list[PlannedTensor], base: Mapping[str, torch.Tensor] | None, in_place: bool) -> dict[str, torch.Tensor]:
+def apply_payload(
+    plan: list[PlannedTensor], base: Mapping[str, torch.Tensor] | None, in_place: bool
+) -> dict[str, torch.Tensor]:
     """The state dict (transfer dtype) of a checked payload on ``base`` (``check_payload``'s layout).
 
     Out of place, unchanged tensors are ``base``'s own objects, raw ones view the payload and the
@@ -190,13 +229,18 @@ def apply_payload(plan: list[PlannedTensor], base: Mapping[str, torch.Tensor] | 
             tensor = old if tuple(old.shape) == tuple(spec.shape) else old.view(spec.shape)
         else:
             bits = decode_section(section, _bits(old) if usable else None)
-            tensor = old if usable and section.encoding == "none" else torch.from_numpy(bits).view(entry.dtype).reshape(spec.shape)
+            tensor = (
+                old
+                if usable and section.encoding == "none"
+                else torch.from_numpy(bits).view(entry.dtype).reshape(spec.shape)
+            )
         state[spec.name] = done[entry.key] = tensor
     return state
 
 
-def read_payload(buffer: bytearray, specs: list[TensorSpec], base: Mapping[str, torch.Tensor] | None,
-                 in_place: bool = False) -> dict[str, torch.Tensor]:
+def read_payload(
+    buffer: bytearray, specs: list[TensorSpec], base: Mapping[str, torch.Tensor] | None, in_place: bool = False
+) -> dict[str, torch.Tensor]:
     """``check_payload`` then ``apply_payload``: the state dict of a payload on ``base``."""
     return apply_payload(check_payload(buffer, specs, state_layout(base) if base is not None else None), base, in_place)
 
@@ -210,7 +254,9 @@ def _in_place_targets(plan: list[PlannedTensor], base: Mapping[str, torch.Tensor
         if old is None:
             continue
         first = owner.setdefault(id(old), entry.key)
-        targets[entry.spec.name] = old if first == entry.key and old.is_contiguous() else old.clone(memory_format=torch.contiguous_format)
+        targets[entry.spec.name] = (
+            old if first == entry.key and old.is_contiguous() else old.clone(memory_format=torch.contiguous_format)
+        )
     return targets
 
 

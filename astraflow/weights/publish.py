@@ -71,8 +71,15 @@ class WeightPublisher:
     ``log`` is needed for ``weights.keep_versions`` (to delete old records from the topic).
     """
 
-    def __init__(self, producer: Producer, codec: Codec, topic: str, policy: str, config: WeightsConfig | None = None,
-                 log: Log | None = None) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        codec: Codec,
+        topic: str,
+        policy: str,
+        config: WeightsConfig | None = None,
+        log: Log | None = None,
+    ) -> None:
         self.producer = producer
         self.codec = codec
         self.topic = topic
@@ -101,9 +108,22 @@ class WeightPublisher:
         encoded = time.perf_counter()
         base_version, base_sha256 = (base.version, base.sha256) if base else (-1, "")
         start = self._retention.next_start() if self._retention else {}
-        outline = WeightChunk(self.policy, version, base_version, "delta" if base else "full", "manifest", -1, 0, 0, "",
-                              tensors=payload.specs, base_sha256=base_sha256)
-        manifest = send_version(self.producer, self.codec, self.topic, outline, payload.buffer, self.config.chunk_bytes, self._store)
+        outline = WeightChunk(
+            self.policy,
+            version,
+            base_version,
+            "delta" if base else "full",
+            "manifest",
+            -1,
+            0,
+            0,
+            "",
+            tensors=payload.specs,
+            base_sha256=base_sha256,
+        )
+        manifest = send_version(
+            self.producer, self.codec, self.topic, outline, payload.buffer, self.config.chunk_bytes, self._store
+        )
         if self._previous is not None and self._previous.state is not transfer:
             self._spare = self._previous.state  # nobody reads the old base any more: the next copy goes there
         self._previous = PublishedVersion(version, manifest.sha256, transfer)
@@ -111,8 +131,15 @@ class WeightPublisher:
             self._last_full = version
         if self._retention is not None:
             self._retention.published(KeptVersion(version, base is None, start, manifest.store_uri))
-        self.last_stats = PublishStats(manifest.encoding, manifest.total_bytes, payload.elements, payload.changed, payload.changes,
-                                       encoded - started, time.perf_counter() - encoded)
+        self.last_stats = PublishStats(
+            manifest.encoding,
+            manifest.total_bytes,
+            payload.elements,
+            payload.changed,
+            payload.changes,
+            encoded - started,
+            time.perf_counter() - encoded,
+        )
         return manifest
 
     @property
@@ -129,8 +156,15 @@ class WeightPublisher:
         return previous
 
 
-def send_version(producer: Producer, codec: Codec, topic: str, outline: WeightChunk, payload: bytearray,
-                 chunk_bytes: int, store: ChunkStore | None = None) -> WeightChunk:
+def send_version(
+    producer: Producer,
+    codec: Codec,
+    topic: str,
+    outline: WeightChunk,
+    payload: bytearray,
+    chunk_bytes: int,
+    store: ChunkStore | None = None,
+) -> WeightChunk:
     """Steps 3-4 of a publish: checksum ``payload``, send its chunks (or put them in ``store``), then
     the manifest, each flushed. ``outline`` gives the manifest's policy, version, base, encoding and
     tensors; sizes, checksum, store URI and time are filled in. Returns the manifest as sent."""
@@ -144,13 +178,29 @@ def send_version(producer: Producer, codec: Codec, topic: str, outline: WeightCh
         uri = store.put(topic, outline.version, digest, pieces)
     else:
         for index, piece in enumerate(pieces):
-            chunk = replace(outline, kind="chunk", chunk_index=index, num_chunks=len(pieces), total_bytes=total, sha256=digest,
-                            data=bytes(piece), tensors=[], created_ms=now_ms())
+            chunk = replace(
+                outline,
+                kind="chunk",
+                chunk_index=index,
+                num_chunks=len(pieces),
+                total_bytes=total,
+                sha256=digest,
+                data=bytes(piece),
+                tensors=[],
+                created_ms=now_ms(),
+            )
             producer.send(topic, codec.encode(chunk), key=key, partition=WEIGHTS_CHUNK_PARTITION)
         producer.flush()
-    manifest = replace(outline, kind="manifest", chunk_index=-1, num_chunks=len(pieces), total_bytes=total, sha256=digest,
-                       store_uri=uri, created_ms=now_ms())
+    manifest = replace(
+        outline,
+        kind="manifest",
+        chunk_index=-1,
+        num_chunks=len(pieces),
+        total_bytes=total,
+        sha256=digest,
+        store_uri=uri,
+        created_ms=now_ms(),
+    )
     producer.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
     producer.flush()
     return manifest
-

@@ -123,7 +123,9 @@ def read_stored(uri: str, num_chunks: int, total_bytes: int) -> bytearray:
                         raise WeightsError(f"stored chunk {path} shrank while being read")
                     got += read
         except FileNotFoundError as exc:
-            raise WeightsError(f"stored chunk {path} is missing (deleted by retention, or never fully written)") from exc
+            raise WeightsError(
+                f"stored chunk {path} is missing (deleted by retention, or never fully written)"
+            ) from exc
         except OSError as exc:
             raise WeightsError(f"cannot read stored chunk {path}: {exc}") from exc
         offset += size

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+
 from astraflow.config import write_config_over
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
@@ -29,7 +30,9 @@ def warmed_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory template holding ``base/``, the warmed-up checkpoint."""
     run_dir = tmp_path_factory.mktemp("warm")
     config = write_config(run_dir / "config.yaml")
-    result = subprocess.run([str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=1700)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=1700
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "base" / "config.json").is_file()
     return run_dir
@@ -56,8 +59,12 @@ def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     run_dir = tmp_path_factory.mktemp("math-run")
     shutil.copytree(warmed_run_dir / "base", run_dir / "base")
     config = write_config(run_dir / "test.yaml", run="learn", stop={"max_versions": 80, "max_minutes": 12})
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return run_dir
 

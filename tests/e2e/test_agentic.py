@@ -18,22 +18,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from astraflow.config import load_config, write_config_over
 from astraflow.basemodel.cache import ensure_base_checkpoint
-from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
-from astraflow.tasks.catalog import open_environments
-from astraflow.envs.episodes import AgentLimits
-from astraflow.log import TopicPartition, open_log
-from astraflow.evaluation.heldout import evaluate_episodes
-from astraflow.models.loading import load_policy
+from astraflow.config import load_config, write_config_over
 from astraflow.engines.torch_engine import TorchEngine
+from astraflow.envs.episodes import AgentLimits
+from astraflow.evaluation.heldout import evaluate_episodes
+from astraflow.log import TopicPartition, open_log
+from astraflow.models.loading import load_policy
 from astraflow.producers.workflows.base import Provenance
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.streams.operators import Group
 from astraflow.streams.pipeline import build_pipeline
+from astraflow.tasks.catalog import open_environments
 from astraflow.tasks.datasets import load_task_split
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 from tests.e2e.conftest import ASTRAFLOW
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
@@ -49,8 +49,18 @@ def example_config(name: str, path: Path, **sections: dict | str) -> Path:
 def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # bounded by versions, not minutes, so a loaded machine is only slower; the base guesses (~0.1)
-    config = example_config("search", tmp_path / "search.yaml", run="agentic", stop={"max_versions": 15, "max_minutes": 30, "target_accuracy": 0.5})
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], capture_output=True, text=True, timeout=2400)
+    config = example_config(
+        "search",
+        tmp_path / "search.yaml",
+        run="agentic",
+        stop={"max_versions": 15, "max_minutes": 30, "target_accuracy": 0.5},
+    )
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     # greedy held-out success, one search episode per question, measured by the evaluator process
@@ -66,14 +76,25 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
     assert searched, "no episode called the search tool"
     for trajectory in searched:
         tool = trajectory.turns[1]
-        assert (trajectory.loss_mask[tool.start : tool.end] == 0).all() and (trajectory.loss_mask[: tool.start] == 1).all()
+        assert (trajectory.loss_mask[tool.start : tool.end] == 0).all() and (
+            trajectory.loss_mask[: tool.start] == 1
+        ).all()
 
 
 @pytest.mark.parametrize("example", ["code", "rooms"])
 def test_example_plays_trains_and_evaluates(example: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # a short warm-up, 4 tasks x 4 episodes, a generous wall limit: programs start slowly on a loaded machine
-    config = load_config(EXAMPLES / example / "config.yaml", {"task.heldout_size": 16, "warmup.max_steps": 5, "warmup.eval_every": 5, "warmup.batch_size": 8, "agent.sandbox.wall_seconds": 20.0})
+    config = load_config(
+        EXAMPLES / example / "config.yaml",
+        {
+            "task.heldout_size": 16,
+            "warmup.max_steps": 5,
+            "warmup.eval_every": 5,
+            "warmup.batch_size": 8,
+            "agent.sandbox.wall_seconds": 20.0,
+        },
+    )
     base = ensure_base_checkpoint(config, run_dir)  # a short warm-up on demonstrations, in the run's environments
     assert json.loads((base / "warmup.json").read_text())["steps"] >= 1
     model, tokenizer = load_policy(base)
@@ -81,7 +102,10 @@ def test_example_plays_trains_and_evaluates(example: str, tmp_path: Path) -> Non
     workflow = build_run_workflow(config, run_dir / "data")
     workflow.open()
     rows = load_task_split(config.task, run_dir, "train")[:4]
-    tasks = [RolloutTask(f"{row.prompt_id}@0", row.prompt_id, f"{row.prompt_id}@0", example, row.prompt, row.answer, 4, 0, 0) for row in rows]
+    tasks = [
+        RolloutTask(f"{row.prompt_id}@0", row.prompt_id, f"{row.prompt_id}@0", example, row.prompt, row.answer, 4, 0, 0)
+        for row in rows
+    ]
     outcomes = workflow.run_batch({"main": engine}, tasks, Provenance("e2e", "local", "cpu"))
     assert all(outcome.error is None for outcome in outcomes), [o.error for o in outcomes]
     trajectories = [Codec().decode(Codec().encode(t), expect=Trajectory) for o in outcomes for t in o.trajectories]
@@ -90,7 +114,11 @@ def test_example_plays_trains_and_evaluates(example: str, tmp_path: Path) -> Non
         for turn in trajectory.turns:
             assert (trajectory.loss_mask[turn.start : turn.end] == (turn.role == "policy")).all()
     if example == "code":  # programs ran in the sandbox (a turn cut at its token budget runs none)
-        assert sum(t.reward_components["attempts"] for t in trajectories) >= sum(t.finish_reason != "length" for t in trajectories) > 0
+        assert (
+            sum(t.reward_components["attempts"] for t in trajectories)
+            >= sum(t.finish_reason != "length" for t in trajectories)
+            > 0
+        )
 
     pipeline = build_pipeline(config.stream)
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr=config.train.lr, lr_warmup_steps=0))
@@ -99,11 +127,23 @@ def test_example_plays_trains_and_evaluates(example: str, tmp_path: Path) -> Non
         for outcome in outcomes:
             group = Group(outcome.task.group_id, [t for t in trajectories if t.group_id == outcome.task.group_id])
             if pipeline.process(group, trainer_version=0) is None:
-                examples += [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, float(a)) for t, a in zip(group.trajectories, group.advantages)]
+                examples += [
+                    PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, float(a))
+                    for t, a in zip(group.trajectories, group.advantages)
+                ]
         if not examples:  # every group had one reward: a zero-advantage step still moves the version
-            examples = [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 0.0) for t in trajectories]
+            examples = [
+                PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 0.0)
+                for t in trajectories
+            ]
         trainer.step(examples)
     assert trainer.version == 2
     make_env = open_environments(config.rollout.workflow, config.rollout.reward, config.agent, run_dir / "data")
-    score = evaluate_episodes(model, tokenizer, load_task_split(config.task, run_dir, "heldout")[:8], make_env, AgentLimits.from_config(config.agent, config.rollout.max_new_tokens))
+    score = evaluate_episodes(
+        model,
+        tokenizer,
+        load_task_split(config.task, run_dir, "heldout")[:8],
+        make_env,
+        AgentLimits.from_config(config.agent, config.rollout.max_new_tokens),
+    )
     assert 0.0 <= score <= 1.0 and np.isfinite(score)

@@ -39,8 +39,13 @@ def test_remote_producer_feeds_the_trainer_over_a_slow_link(run_dir: Path, kafka
     if reason is not None:
         unavailable(reason)
     run = f"xr{unique}"
-    config = write_config(run_dir / "test.yaml", run=run, log={"backend": "kafka", "bootstrap": kafka_bootstrap, "partitions": 2},
-                          rollout={"prompts_per_generation": 16}, train={"batch_samples": 128})
+    config = write_config(
+        run_dir / "test.yaml",
+        run=run,
+        log={"backend": "kafka", "bootstrap": kafka_bootstrap, "partitions": 2},
+        rollout={"prompts_per_generation": 16},
+        train={"batch_samples": 128},
+    )
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
 
@@ -52,7 +57,17 @@ def test_remote_producer_feeds_the_trainer_over_a_slow_link(run_dir: Path, kafka
     with RemoteRegion("e2e", rate_mbit=20, delay_ms=150) as region, open_log("kafka", bootstrap=kafka_bootstrap) as log:
         try:
             address = region.expose(kafka_bootstrap)
-            remote = [str(ASTRAFLOW), "rollout", *base, "--bootstrap", address, "--region", "remote-e2e", "--hardware", "cpu-netns"]
+            remote = [
+                str(ASTRAFLOW),
+                "rollout",
+                *base,
+                "--bootstrap",
+                address,
+                "--region",
+                "remote-e2e",
+                "--hardware",
+                "cpu-netns",
+            ]
             processes["rollout"] = start(region.argv(remote), "rollout")
             wait_until(lambda: has_leader(log, f"{run}.weights.main"), 180, "the run's topics and their leaders")
             versions = WeightFollower(log, f"{run}.weights.main", payload=False).start()
@@ -65,5 +80,7 @@ def test_remote_producer_feeds_the_trainer_over_a_slow_link(run_dir: Path, kafka
         finally:
             stop_processes(processes.values())
     assert {(t.region, t.hardware) for t in trajectories.records} == {("remote-e2e", "cpu-netns")}
-    assert max(int(t.token_versions.max()) for t in trajectories.records) >= 1, "the remote producer never loaded a trained version"
+    assert max(int(t.token_versions.max()) for t in trajectories.records) >= 1, (
+        "the remote producer never loaded a trained version"
+    )
     assert "left the rollout pool" in (logs / "rollout.out").read_text()

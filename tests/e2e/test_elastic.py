@@ -56,20 +56,30 @@ def test_producer_joins_and_a_killed_producer_loses_no_task(run_dir: Path) -> No
 
     def start(component: str, tag: str) -> subprocess.Popen:
         out = (logs / f"{tag}.out").open("wb")
-        return subprocess.Popen([str(ASTRAFLOW), component, str(config), "--run-dir", str(run_dir)], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [str(ASTRAFLOW), component, str(config), "--run-dir", str(run_dir)], stdout=out, stderr=subprocess.STDOUT
+        )
 
     processes = {name: start(name, name) for name in ("train", "stream", "feed")}
     processes["rollout-a"] = start("rollout", "rollout-a")
     log = open_log("embedded", path=run_dir / "log.sqlite")
     try:
-        wait_until(lambda: (run_dir / "log.sqlite").exists() and "elastic.weights.main" in log.list_topics(), 120, "the run's topics")
+        wait_until(
+            lambda: (run_dir / "log.sqlite").exists() and "elastic.weights.main" in log.list_topics(),
+            120,
+            "the run's topics",
+        )
         versions = WeightFollower(log, "elastic.weights.main", payload=False).start()
         trajectories = TopicReader(log, "elastic.trajectories.main", Trajectory)
         assert versions.wait_for(2, timeout=300), "the trainer never reached version 2"
 
         processes["rollout-b"] = start("rollout", "rollout-b")
         joined = f"-{processes['rollout-b'].pid}"
-        wait_until(lambda: any(t.producer_id.endswith(joined) for t in trajectories.update()), 300, "trajectories from the producer that joined")
+        wait_until(
+            lambda: any(t.producer_id.endswith(joined) for t in trajectories.update()),
+            300,
+            "trajectories from the producer that joined",
+        )
 
         os.kill(processes["rollout-a"].pid, signal.SIGKILL)
         processes["rollout-a"].wait()
@@ -79,9 +89,13 @@ def test_producer_joins_and_a_killed_producer_loses_no_task(run_dir: Path) -> No
         processes["feed"].send_signal(signal.SIGTERM)
         assert processes["feed"].wait(timeout=60) == 0
         tasks = TopicReader(log, "elastic.tasks.math", RolloutTask)
-        wait_until(lambda: len(tasks.update()) > 0 and not any(tasks.consumer.lag().values()), 60, "all submitted tasks")
+        wait_until(
+            lambda: len(tasks.update()) > 0 and not any(tasks.consumer.lag().values()), 60, "all submitted tasks"
+        )
         submitted = {task.task_id for task in tasks.records}
-        wait_until(lambda: submitted <= {t.task_id for t in trajectories.update()}, 300, "every submitted task to be sampled")
+        wait_until(
+            lambda: submitted <= {t.task_id for t in trajectories.update()}, 300, "every submitted task to be sampled"
+        )
         versions.close()
     finally:
         stop_processes(processes.values())

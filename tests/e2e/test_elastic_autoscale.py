@@ -31,17 +31,31 @@ def producers_reported(run_dir: Path) -> set[str]:
 
 def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
     config = write_config(
-        run_dir / "test.yaml", run="autoscale",
+        run_dir / "test.yaml",
+        run="autoscale",
         rollout={"producers": 1, "prompts_per_generation": 2},
         train={"batch_samples": 256},
-        scaler={"enabled": True, "min_producers": 1, "max_producers": 2, "window_s": 10, "interval_s": 3, "cooldown_s": 10},
+        scaler={
+            "enabled": True,
+            "min_producers": 1,
+            "max_producers": 2,
+            "window_s": 10,
+            "interval_s": 3,
+            "cooldown_s": 10,
+        },
         stop={"max_minutes": 1.5, "target_accuracy": None},  # the first decision comes after ~10 s of training
     )
     with (run_dir / "launcher.out").open("wb") as out:
-        launcher = subprocess.Popen([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], stdout=out, stderr=subprocess.STDOUT)
+        launcher = subprocess.Popen(
+            [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         try:  # once the second producer has delivered, the test has what it checks: stop the run (SIGTERM, as an operator would)
-            FaultInjector(run_dir, launcher, timeout_s=600, poll_s=0.5).wait_for("a second producer's trajectories", lambda: len(producers_reported(run_dir)) >= 2)
+            FaultInjector(run_dir, launcher, timeout_s=600, poll_s=0.5).wait_for(
+                "a second producer's trajectories", lambda: len(producers_reported(run_dir)) >= 2
+            )
             launcher.send_signal(signal.SIGTERM)
         except FaultError:
             pass  # the run ended first (stop.max_minutes): the assertions below say whether the pool grew

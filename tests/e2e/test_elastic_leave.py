@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.attach import open_run
 from astraflow.analysis.stats import collect_stats
+from astraflow.attach import open_run
 from astraflow.log import open_log
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
@@ -30,7 +30,9 @@ RUN = "leave"
 
 
 def test_late_producer_catches_up_and_leaves_cleanly(run_dir: Path) -> None:
-    config = write_config(run_dir / "test.yaml", run=RUN, rollout={"prompts_per_generation": 16}, train={"batch_samples": 128})
+    config = write_config(
+        run_dir / "test.yaml", run=RUN, rollout={"prompts_per_generation": 16}, train={"batch_samples": 128}
+    )
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
 
@@ -43,13 +45,19 @@ def test_late_producer_catches_up_and_leaves_cleanly(run_dir: Path) -> None:
     processes["rollout-a"] = start("rollout", "rollout-a")
     log = open_log("embedded", path=run_dir / "log.sqlite")
     try:
-        wait_until(lambda: (run_dir / "log.sqlite").exists() and f"{RUN}.weights.main" in log.list_topics(), 120, "the run's topics")
+        wait_until(
+            lambda: (run_dir / "log.sqlite").exists() and f"{RUN}.weights.main" in log.list_topics(),
+            120,
+            "the run's topics",
+        )
         versions = WeightFollower(log, f"{RUN}.weights.main", payload=False).start()
         trajectories = TopicReader(log, f"{RUN}.trajectories.main", Trajectory)
         assert versions.wait_for(3, timeout=300), "the trainer never reached version 3"
 
         joined_at = versions.latest_version
-        processes["rollout-b"] = start("rollout", "rollout-b", "--region", "eu-west", "--hardware", "cpu-slow", "--batch", "4")
+        processes["rollout-b"] = start(
+            "rollout", "rollout-b", "--region", "eu-west", "--hardware", "cpu-slow", "--batch", "4"
+        )
         late = f"-{processes['rollout-b'].pid}"
 
         def from_late() -> list[Trajectory]:
@@ -66,9 +74,13 @@ def test_late_producer_catches_up_and_leaves_cleanly(run_dir: Path) -> None:
         processes["feed"].send_signal(signal.SIGTERM)
         assert processes["feed"].wait(timeout=60) == 0
         tasks = TopicReader(log, f"{RUN}.tasks.math", RolloutTask)
-        wait_until(lambda: len(tasks.update()) > 0 and not any(tasks.consumer.lag().values()), 60, "all submitted tasks")
+        wait_until(
+            lambda: len(tasks.update()) > 0 and not any(tasks.consumer.lag().values()), 60, "all submitted tasks"
+        )
         submitted = {task.task_id for task in tasks.records}
-        wait_until(lambda: submitted <= {t.task_id for t in trajectories.update()}, 300, "every submitted task to be sampled")
+        wait_until(
+            lambda: submitted <= {t.task_id for t in trajectories.update()}, 300, "every submitted task to be sampled"
+        )
         versions.close()
     finally:
         stop_processes(processes.values())
@@ -79,7 +91,9 @@ def test_late_producer_catches_up_and_leaves_cleanly(run_dir: Path) -> None:
         log.close()
 
     late_ones = [t for t in trajectories.records if t.producer_id.endswith(late)]
-    assert min(int(t.token_versions.min()) for t in late_ones) >= joined_at, "the late producer sampled before catching up"
+    assert min(int(t.token_versions.min()) for t in late_ones) >= joined_at, (
+        "the late producer sampled before catching up"
+    )
     assert {(t.region, t.hardware) for t in late_ones} == {("eu-west", "cpu-slow")}
     redone = {t.task_id for t in trajectories.records if not t.producer_id.endswith(late) and t.created_ms > left_ms}
     assert not redone & {t.task_id for t in late_ones}, "tasks the leaving producer committed were redone"

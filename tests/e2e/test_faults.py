@@ -37,22 +37,37 @@ the clean main job gains 0.08-0.17 by versions 10-40 (benchmarks/results/main_jo
 evaluation on 200 prompts varies by ~0.035, the mean of two by ~0.025."""
 
 
-def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=None, bootstrap: str = "") -> tuple[dict, dict, FaultInjector, int]:
+def fault_run(
+    run_dir: Path, name: str, plan: list[str], *extra: str, broker=None, bootstrap: str = ""
+) -> tuple[dict, dict, FaultInjector, int]:
     """``astraflow run`` with ``plan`` injected; the run's summary, its audit (JSON), the injector and
     the version at which the test stopped the run."""
-    config = write_config(run_dir / "test.yaml", run=name, eval={"every_versions": 5},
-                          stop={"max_minutes": 12, "max_versions": MAX_VERSIONS, "target_accuracy": None})
+    config = write_config(
+        run_dir / "test.yaml",
+        run=name,
+        eval={"every_versions": 5},
+        stop={"max_minutes": 12, "max_versions": MAX_VERSIONS, "target_accuracy": None},
+    )
     with (run_dir / "launcher.out").open("wb") as out:
-        launcher = subprocess.Popen([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard", *extra],
-                                    stdout=out, stderr=subprocess.STDOUT)
+        launcher = subprocess.Popen(
+            [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard", *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     injector = FaultInjector(run_dir, launcher, seed=len(name), timeout_s=300)
     stopped_at = MAX_VERSIONS
     try:
         injector.run_schedule(plan, first_version=2, gaps=(1, 2), broker=broker, bootstrap=bootstrap)
         last_fault = injector.faults[-1].version
         try:
-            injector.wait_for("a gain after the last fault", lambda: injector.probe.version >= last_fault + AFTER_LAST_FAULT
-                              and gain_over_base(injector.probe.accuracy, after=last_fault) >= MARGIN, timeout_s=900)
+            injector.wait_for(
+                "a gain after the last fault",
+                lambda: (
+                    injector.probe.version >= last_fault + AFTER_LAST_FAULT
+                    and gain_over_base(injector.probe.accuracy, after=last_fault) >= MARGIN
+                ),
+                timeout_s=900,
+            )
             stopped_at = injector.probe.version
             launcher.send_signal(signal.SIGTERM)
         except FaultError:
@@ -61,7 +76,9 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
     finally:
         stop_processes([launcher])
     assert launcher.returncode == 0, (run_dir / "launcher.out").read_text()[-3000:]
-    audit = subprocess.run([str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300)
+    audit = subprocess.run(
+        [str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300
+    )
     assert audit.stdout, audit.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text()), json.loads(audit.stdout), injector, stopped_at
 
@@ -69,7 +86,9 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
 def check(summary: dict, audit: dict, injector: FaultInjector, stopped_at: int) -> None:
     # every kill was survived: the launcher restarted each kind, and said so in the metrics
     restarted = Counter(name.split("-", 1)[0] for name, n in summary["restarts"].items() for _ in range(n))
-    assert all(restarted[kind] >= KILLS_PER_KIND and injector.probe.restarts[kind] >= KILLS_PER_KIND for kind in KINDS), (restarted, injector.report())
+    assert all(
+        restarted[kind] >= KILLS_PER_KIND and injector.probe.restarts[kind] >= KILLS_PER_KIND for kind in KINDS
+    ), (restarted, injector.report())
     # every trajectory has exactly one fate
     [policy] = audit["policies"]
     assert audit["ok"] and not policy["lost"] and not policy["trained_twice"], audit
@@ -78,12 +97,16 @@ def check(summary: dict, audit: dict, injector: FaultInjector, stopped_at: int) 
     last_fault = injector.faults[-1].version
     assert summary["versions"] >= last_fault + AFTER_LAST_FAULT, (summary, injector.report())
     # evaluations the evaluator finished while the run stopped are left out: the stop was decided on the ones before
-    accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items() if int(version) <= stopped_at}
+    accuracy = {
+        int(version): value for version, value in summary["accuracy_by_version"].items() if int(version) <= stopped_at
+    }
     assert gain_over_base(accuracy, after=last_fault) >= MARGIN, (summary, injector.report())
 
 
 def test_embedded_run_survives_kills(run_dir: Path) -> None:
-    summary, audit, injector, stopped_at = fault_run(run_dir, "faults", schedule(kills_per_kind=KILLS_PER_KIND, broker_restarts=0, seed=1))
+    summary, audit, injector, stopped_at = fault_run(
+        run_dir, "faults", schedule(kills_per_kind=KILLS_PER_KIND, broker_restarts=0, seed=1)
+    )
     check(summary, audit, injector, stopped_at)
 
 
@@ -97,8 +120,17 @@ def test_kafka_run_survives_kills_and_a_broker_restart(run_dir: Path, tmp_path: 
     except Exception as exc:  # any start failure: a skip with the reason, fatal in CI
         unavailable(f"no Kafka broker for the fault test: {type(exc).__name__}: {exc}", exc)
     try:
-        summary, audit, injector, stopped_at = fault_run(run_dir, f"faults{unique}", schedule(kills_per_kind=KILLS_PER_KIND, broker_restarts=1, seed=2),
-                                             "--backend", "kafka", "--bootstrap", broker.bootstrap, broker=broker, bootstrap=broker.bootstrap)
+        summary, audit, injector, stopped_at = fault_run(
+            run_dir,
+            f"faults{unique}",
+            schedule(kills_per_kind=KILLS_PER_KIND, broker_restarts=1, seed=2),
+            "--backend",
+            "kafka",
+            "--bootstrap",
+            broker.bootstrap,
+            broker=broker,
+            bootstrap=broker.bootstrap,
+        )
     finally:
         broker.stop()
     assert [fault["kind"] for fault in injector.report()].count("broker") == 1

@@ -22,7 +22,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def run(config: Path, run_dir: Path, *extra: str, timeout: float) -> dict:
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard", *extra], capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard", *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -43,12 +48,18 @@ def test_embedded_run_learns(math_run: Path) -> None:
     assert sum(row["name"] == "eval.accuracy" for row in rows) >= 3
 
 
-def test_kafka_loop_advances_versions_and_producers_receive_them(run_dir: Path, kafka_bootstrap: str, unique: str) -> None:
+def test_kafka_loop_advances_versions_and_producers_receive_them(
+    run_dir: Path, kafka_bootstrap: str, unique: str
+) -> None:
     """On Kafka, with the DeepSpeed ZeRO-2 trainer backend (its step-for-step equality with the
     torch backend is ``tests/integration/test_deepspeed_backend.py``; here it runs in the slice)."""
     pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
-    config = write_config(run_dir / "test.yaml", run=f"k{unique}", stop={"max_minutes": 4, "max_versions": 4},
-                          train={"backend": "deepspeed", "deepspeed": {"zero_stage": 2}})
+    config = write_config(
+        run_dir / "test.yaml",
+        run=f"k{unique}",
+        stop={"max_minutes": 4, "max_versions": 4},
+        train={"backend": "deepspeed", "deepspeed": {"zero_stage": 2}},
+    )
     summary = run(config, run_dir, "--backend", "kafka", "--bootstrap", kafka_bootstrap, timeout=600)
     assert summary["versions"] >= 4 and summary["backend"] == "kafka"
     trainer_log = "".join(path.read_text(errors="replace") for path in (run_dir / "logs").glob("train*.out"))
@@ -63,7 +74,9 @@ def test_kafka_loop_advances_versions_and_producers_receive_them(run_dir: Path, 
         consumer.seek_to_beginning(partitions)
         while any(consumer.lag().values()):
             for message in consumer.poll(max_records=1000, timeout=2.0):
-                newest_token_version = max(newest_token_version, int(codec.decode(message.value, expect=Trajectory).token_versions.max()))
+                newest_token_version = max(
+                    newest_token_version, int(codec.decode(message.value, expect=Trajectory).token_versions.max())
+                )
         consumer.close()
     # the producer sampled with weights the trainer published, not only the base checkpoint
     assert newest_token_version >= 2

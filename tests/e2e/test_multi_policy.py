@@ -37,7 +37,12 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     raw["eval"]["every_versions"] = 10
     config = run_dir / "test.yaml"
     config.write_text(yaml.safe_dump(raw))
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"], capture_output=True, text=True, timeout=1500)
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     policies = summary["policies"]
@@ -49,4 +54,3 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     system = summary["system_accuracy"]
     assert set(system["final"]) == {"alone", "judged", "pass_at_k", "judge_accuracy"}
     assert len(system["by_versions"]) >= 2
-

@@ -61,10 +61,15 @@ def test_a_recorded_topic_mixes_into_an_online_run(math_run: Path, run_dir: Path
     recorded run's trajectory topic, read from that run's log."""
     raw = yaml.safe_load(EXAMPLE.read_text())
     raw.update(run="mixed", stop={"max_minutes": 3, "max_versions": 6})
-    raw["stream"] = {"max_staleness": 0, "pipeline": [
-        {"op": "staleness"}, {"op": "grpo"}, {"op": "zero_variance"},
-        {"op": "offline", "topic": "learn.trajectories.main", "source": str(math_run), "weight": 0.33},
-    ]}
+    raw["stream"] = {
+        "max_staleness": 0,
+        "pipeline": [
+            {"op": "staleness"},
+            {"op": "grpo"},
+            {"op": "zero_variance"},
+            {"op": "offline", "topic": "learn.trajectories.main", "source": str(math_run), "weight": 0.33},
+        ],
+    }
     config = run_dir / "mixed.yaml"
     config.write_text(yaml.safe_dump(raw))
     with open_log("embedded", path=math_run / "log.sqlite") as log:

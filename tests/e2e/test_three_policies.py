@@ -31,11 +31,21 @@ POLICIES = {
 
 def test_three_policies_train_side_by_side(run_dir: Path) -> None:
     # the policies share the example's model and warm-up, so their base checkpoint is the cached one
-    config = write_config(run_dir / "test.yaml", run="trio", policies=POLICIES,
-                          rollout={"prompts_per_generation": 16}, train={"batch_samples": 128},
-                          eval={"every_versions": 2}, stop={"max_versions": 4, "max_minutes": 8, "target_accuracy": None})
-    result = subprocess.run([str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-                            capture_output=True, text=True, timeout=1000)
+    config = write_config(
+        run_dir / "test.yaml",
+        run="trio",
+        policies=POLICIES,
+        rollout={"prompts_per_generation": 16},
+        train={"batch_samples": 128},
+        eval={"every_versions": 2},
+        stop={"max_versions": 4, "max_minutes": 8, "target_accuracy": None},
+    )
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=1000,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["policies"]) == set(POLICIES)
@@ -51,7 +61,9 @@ def test_three_policies_train_side_by_side(run_dir: Path) -> None:
             with log.consumer() as consumer:
                 consumer.assign(partitions)
                 consumer.seek_to_beginning(partitions)
-                trajectories = [codec.decode(m.value, expect=Trajectory) for m in consumer.poll(max_records=2000, timeout=5.0)]
+                trajectories = [
+                    codec.decode(m.value, expect=Trajectory) for m in consumer.poll(max_records=2000, timeout=5.0)
+                ]
             assert trajectories and {t.policy for t in trajectories} == {name}
             assert {t.group_size for t in trajectories} == {expected_group}
             sizes = Counter(t.group_id for t in trajectories)

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from astraflow.config import parse_config
-from astraflow.training.step import PolicyExample, collate, response_logprobs
+from astraflow.engines import build_engine
 from astraflow.errors import MissingDependencyError
 from astraflow.models.loading import load_policy
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
-from astraflow.engines import build_engine
+from astraflow.training.step import PolicyExample, collate, response_logprobs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -51,7 +51,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
 def _max_error(model, engine, temperature: float) -> float:
     groups = engine.generate(["12+35=", "1+1=", "99+9", "7"], n=4, max_new_tokens=8, temperature=temperature)
     generations = [g for group in groups for g in group]
-    examples = [PolicyExample(g.prompt_ids, g.response_ids, g.logprobs, np.ones(len(g.response_ids), np.uint8), 0.0) for g in generations]
+    examples = [
+        PolicyExample(g.prompt_ids, g.response_ids, g.logprobs, np.ones(len(g.response_ids), np.uint8), 0.0)
+        for g in generations
+    ]
     batch = collate(examples, engine.tokenizer.pad_token_id)
     with torch.no_grad():
         fresh = response_logprobs(model, batch, temperature)

@@ -17,21 +17,35 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from astraflow.analysis.audit import audit_run
+from astraflow.attach import open_run
 from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
-from astraflow.attach import open_run
-from astraflow.analysis.audit import audit_run
-from astraflow.training.checkpoint import TrainerState
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
 from astraflow.topics import RunTopics
+from astraflow.training.checkpoint import TrainerState
 
 
 def trajectory(group: str, index: int, reward: float = 1.0) -> Trajectory:
     ones = np.ones(2, dtype=np.int32)
-    return Trajectory(f"{group}/{index}", f"{group}/{index}", group, group, group, "main", "math", ones, ones,
-                      np.full(2, -0.5, dtype=np.float32), ones * 0, np.ones(2, dtype=np.uint8), reward, group_size=2)
+    return Trajectory(
+        f"{group}/{index}",
+        f"{group}/{index}",
+        group,
+        group,
+        group,
+        "main",
+        "math",
+        ones,
+        ones,
+        np.full(2, -0.5, dtype=np.float32),
+        ones * 0,
+        np.ones(2, dtype=np.uint8),
+        reward,
+        group_size=2,
+    )
 
 
 def stats(group: str, ids: list[str], reason: str = "") -> PromptStats:
@@ -56,13 +70,29 @@ def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, recall_
     traj_topic = topics.trajectories("main")
     letters = [
         DeadLetter("stream-1", "invalid trajectory g4/0: non-finite reward nan", "", traj_topic, 0, 6, b"g4", b"", 0),
-        DeadLetter("stream-1", "undecodable trajectory: not an Avro single-object record", "SchemaError", traj_topic, 0, 8, b"g5", b"garbage", 0),
-        DeadLetter("rollout-1", "workflow failed for task p9@0: grader crashed", "RewardError", "", -1, -1, None, b"", 0),
+        DeadLetter(
+            "stream-1",
+            "undecodable trajectory: not an Avro single-object record",
+            "SchemaError",
+            traj_topic,
+            0,
+            8,
+            b"g5",
+            b"garbage",
+            0,
+        ),
+        DeadLetter(
+            "rollout-1", "workflow failed for task p9@0: grader crashed", "RewardError", "", -1, -1, None, b"", 0
+        ),
     ]
-    feedback = [stats("g1", ["g1/0", "g1/1"]), stats("g2", ["g2/0", "g2/1"]),
-                stats("g3", ["g3/0", "g3/1"], "zero_variance: all rewards equal"),
-                stats("g4", ["g4/1"], "incomplete: 1 member(s) dead-lettered (g4/0)"),
-                stats("g5", ["g5/1"], "incomplete: 1 member(s) dead-lettered (0@8)"), stats("g6", ["g6/0", "g6/1"])]
+    feedback = [
+        stats("g1", ["g1/0", "g1/1"]),
+        stats("g2", ["g2/0", "g2/1"]),
+        stats("g3", ["g3/0", "g3/1"], "zero_variance: all rewards equal"),
+        stats("g4", ["g4/1"], "incomplete: 1 member(s) dead-lettered (g4/0)"),
+        stats("g5", ["g5/1"], "incomplete: 1 member(s) dead-lettered (0@8)"),
+        stats("g6", ["g6/0", "g6/1"]),
+    ]
     with open_log(config.log.backend, path=run_dir / "log.sqlite", bootstrap=config.log.bootstrap) as log:
         topics.ensure(log, 1)
         with log.producer() as producer:
@@ -121,9 +151,13 @@ def test_audit_accounts_for_every_fate(tmp_path: Path, log_section: dict, unique
     assert as_json["ok"] is not faulty and as_json["policies"][0]["accounted"] == 10
 
 
-def test_a_trainer_that_recalls_ids_after_resuming_drops_the_copies(tmp_path: Path, log_section: dict, unique: str) -> None:
+def test_a_trainer_that_recalls_ids_after_resuming_drops_the_copies(
+    tmp_path: Path, log_section: dict, unique: str
+) -> None:
     run_dir = tmp_path / "run"
-    record_run(run_dir, log_section, f"audit{unique}", faulty=True, recall_window=3)  # offsets 2..4 recalled: g2 included
+    record_run(
+        run_dir, log_section, f"audit{unique}", faulty=True, recall_window=3
+    )  # offsets 2..4 recalled: g2 included
     with open_run(run_dir) as run:
         [main] = audit_run(run).policies
     assert main.trained_twice == [] and main.copies_dropped == 2

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.errors import BrokerError
 from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
+from astraflow.errors import BrokerError
 from astraflow.log.base import TopicPartition, TopicSpec
 from astraflow.log.kafka import KafkaLog
 from tests._broker import unavailable
@@ -35,8 +35,9 @@ def jar_cache() -> Path:
 
 
 def broker_cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(ASTRAFLOW), "broker", *args, "--home", str(home)], capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run(
+        [str(ASTRAFLOW), "broker", *args, "--home", str(home)], capture_output=True, text=True, timeout=180
+    )
 
 
 def test_cli_restart_keeps_records(tmp_path: Path, jar_cache: Path) -> None:

@@ -39,7 +39,16 @@ def region() -> Iterator[RemoteRegion]:
 
 
 def run_client(argv_prefix: list[str], bootstrap: str, topic: str) -> dict:
-    argv = [*argv_prefix, sys.executable, "-m", "tests.integration.region_client", bootstrap, topic, str(ACKS), str(BULK_BYTES)]
+    argv = [
+        *argv_prefix,
+        sys.executable,
+        "-m",
+        "tests.integration.region_client",
+        bootstrap,
+        topic,
+        str(ACKS),
+        str(BULK_BYTES),
+    ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -57,10 +66,14 @@ def test_remote_producer_sees_the_delay_and_the_cap(kafka_bootstrap: str, region
 
     added_round_trip = 2 * DELAY_MS / 1000
     remote_rtt, local_rtt = statistics.median(remote["round_trips"]), statistics.median(local["round_trips"])
-    assert remote_rtt >= added_round_trip, f"region round trip {remote_rtt:.3f} s, expected at least {added_round_trip:.3f} s"
+    assert remote_rtt >= added_round_trip, (
+        f"region round trip {remote_rtt:.3f} s, expected at least {added_round_trip:.3f} s"
+    )
     assert remote_rtt - local_rtt == pytest.approx(added_round_trip, abs=0.15), (remote_rtt, local_rtt)
     cap_seconds = remote["bulk_bytes"] * 8 / (RATE_MBIT * 1e6)
-    assert remote["bulk_seconds"] >= 0.8 * cap_seconds, f"{remote['bulk_bytes']} B in {remote['bulk_seconds']:.2f} s beat the {RATE_MBIT} Mbit/s cap"
+    assert remote["bulk_seconds"] >= 0.8 * cap_seconds, (
+        f"{remote['bulk_bytes']} B in {remote['bulk_seconds']:.2f} s beat the {RATE_MBIT} Mbit/s cap"
+    )
     assert local["bulk_seconds"] < remote["bulk_seconds"]
     expected = {f"ack-{i}" for i in range(ACKS)} | {"warm"}
     for result in (remote, local):

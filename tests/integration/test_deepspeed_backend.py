@@ -18,11 +18,11 @@ import torch
 pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
 
 from astraflow.config import parse_config
-from astraflow.training.learner import build_backend
-from astraflow.training.checkpoint import CheckpointStore, TrainerState
-from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.engines.torch_engine import TorchEngine
+from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.training.checkpoint import CheckpointStore, TrainerState
+from astraflow.training.learner import build_backend
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
 STEP = PolicyStepConfig(lr=1e-2, lr_warmup_steps=0, lr_decay_steps=0, max_grad_norm=0.5, micro_batch_size=5)
@@ -39,16 +39,35 @@ def setup():
     batches = []
     for step in range(STEPS):
         groups = engine.generate([f"{step}+{k}=" for k in range(3)], n=4, max_new_tokens=5, temperature=1.0)
-        batches.append([
-            PolicyExample(g.prompt_ids, g.response_ids, g.logprobs, np.ones(len(g.response_ids), np.uint8), float(rng.normal()))
-            for group in groups for g in group
-        ])
+        batches.append(
+            [
+                PolicyExample(
+                    g.prompt_ids,
+                    g.response_ids,
+                    g.logprobs,
+                    np.ones(len(g.response_ids), np.uint8),
+                    float(rng.normal()),
+                )
+                for group in groups
+                for g in group
+            ]
+        )
     return tokenizer, model, batches
 
 
 def _trainer(name: str, model, pad_id: int, stage: int = 2, offload: bool = False) -> PolicyTrainer:
-    options = parse_config({"train": {"backend": name, "deepspeed": {"zero_stage": stage, "offload_optimizer": offload}}}).train.deepspeed
-    backend = build_backend(name, model, lr=STEP.lr, betas=STEP.betas, weight_decay=STEP.weight_decay, max_grad_norm=STEP.max_grad_norm, deepspeed=options)
+    options = parse_config(
+        {"train": {"backend": name, "deepspeed": {"zero_stage": stage, "offload_optimizer": offload}}}
+    ).train.deepspeed
+    backend = build_backend(
+        name,
+        model,
+        lr=STEP.lr,
+        betas=STEP.betas,
+        weight_decay=STEP.weight_decay,
+        max_grad_norm=STEP.max_grad_norm,
+        deepspeed=options,
+    )
     return PolicyTrainer(model, pad_id, STEP, backend=backend)
 
 

@@ -32,7 +32,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, Consumer as RdConsumer, KafkaError, TopicPartition as RdPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
+from confluent_kafka import Consumer as RdConsumer
+from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka.admin import AdminClient
 
 from astraflow.log import Log, open_log
@@ -47,10 +49,20 @@ CODEC = Codec()
 
 def trajectory(group: str, index: int, reward: float, n: int = 3) -> Trajectory:
     return Trajectory(
-        trajectory_id=f"{group}/{index}", episode_id=f"{group}/{index}", group_id=group, task_id=group, prompt_id=f"p-{group}",
-        policy="main", workflow="math", prompt_ids=np.arange(3, dtype=np.int32), response_ids=np.arange(n, dtype=np.int32),
-        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32), token_versions=np.zeros(n, dtype=np.int32),
-        loss_mask=np.ones(n, dtype=np.uint8), reward=reward, group_size=GROUP,
+        trajectory_id=f"{group}/{index}",
+        episode_id=f"{group}/{index}",
+        group_id=group,
+        task_id=group,
+        prompt_id=f"p-{group}",
+        policy="main",
+        workflow="math",
+        prompt_ids=np.arange(3, dtype=np.int32),
+        response_ids=np.arange(n, dtype=np.int32),
+        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32),
+        token_versions=np.zeros(n, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8),
+        reward=reward,
+        group_size=GROUP,
     )
 
 
@@ -70,7 +82,9 @@ class Run:
         self.run_dir = tmp_path / name
         self.run_dir.mkdir()
         self.config = self.run_dir / "config.yaml"
-        self.config.write_text(yaml.safe_dump({"run": name, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": 2}}))
+        self.config.write_text(
+            yaml.safe_dump({"run": name, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": 2}})
+        )
         self.bootstrap = bootstrap
         self.log: Log = open_log("kafka", bootstrap=bootstrap)
         self.topics = RunTopics(name, "math", ("main",))
@@ -86,8 +100,21 @@ class Run:
 
     def stream(self, *options: str) -> subprocess.Popen:
         out = (self.run_dir / f"stream-{len(self.processes)}.out").open("wb")
-        process = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "stream", str(self.config), "--run-dir", str(self.run_dir), *options],
-                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "astraflow.cli",
+                "stream",
+                str(self.config),
+                "--run-dir",
+                str(self.run_dir),
+                *options,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         self.processes.append(process)
         return process
 
@@ -100,8 +127,16 @@ class Run:
         """
         partitions = self.log.describe_topic(topic).partitions
         isolation = "read_committed" if committed else "read_uncommitted"
-        consumer = RdConsumer({"bootstrap.servers": self.bootstrap, "group.id": "unused", "enable.partition.eof": True,
-                               "isolation.level": isolation, "enable.auto.commit": False, "fetch.wait.max.ms": 20})
+        consumer = RdConsumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "unused",
+                "enable.partition.eof": True,
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 20,
+            }
+        )
         consumer.assign([RdPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         records, ended = [], set()
         while len(ended) < partitions:
@@ -120,7 +155,9 @@ class Run:
         read_committed reader (the last stable offset) is below its high watermark."""
         ends = []
         for isolation in ("read_committed", "read_uncommitted"):
-            consumer = RdConsumer({"bootstrap.servers": self.bootstrap, "group.id": "unused", "isolation.level": isolation})
+            consumer = RdConsumer(
+                {"bootstrap.servers": self.bootstrap, "group.id": "unused", "isolation.level": isolation}
+            )
             ends.append(consumer.get_watermark_offsets(RdPartition(topic, 0), timeout=10, cached=False)[1])
             consumer.close()
         return ends[0] < ends[1]
@@ -154,7 +191,9 @@ def make_run(kafka_bootstrap: str, tmp_path: Path, unique: str) -> Iterator[Call
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, process: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert process is None or process.poll() is None, f"the stream processor exited with {process.returncode} while waiting for {what}"
+        assert process is None or process.poll() is None, (
+            f"the stream processor exited with {process.returncode} while waiting for {what}"
+        )
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
         time.sleep(0.2)
 
@@ -171,7 +210,12 @@ def kill_mid_transaction(run: Run, worker: subprocess.Popen, timeout: float) -> 
     topic = run.topics.samples("main")
     deadline = time.monotonic() + timeout
     while True:
-        wait_for(lambda: run.in_open_transaction(topic), deadline - time.monotonic(), "samples in an open transaction", worker)
+        wait_for(
+            lambda: run.in_open_transaction(topic),
+            deadline - time.monotonic(),
+            "samples in an open transaction",
+            worker,
+        )
         worker.send_signal(signal.SIGSTOP)
         if run.in_open_transaction(topic):
             worker.kill()
@@ -186,7 +230,13 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def sample_key(sample: TrainSample) -> tuple:
-    return sample.sample_id, round(sample.advantage, 6), tuple(sample.operators), sample.replayed, sample.deadline_version
+    return (
+        sample.sample_id,
+        round(sample.advantage, 6),
+        tuple(sample.operators),
+        sample.replayed,
+        sample.deadline_version,
+    )
 
 
 def test_faust_and_native_emit_the_same_samples(make_run: Callable[[str], Run]) -> None:
@@ -200,32 +250,48 @@ def test_faust_and_native_emit_the_same_samples(make_run: Callable[[str], Run]) 
     run.produce(records)
 
     native = run.stream("--runtime", "native")
-    wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) == groups, 60, "native to report every group", native)
+    wait_for(
+        lambda: len(run.read(run.topics.feedback(), PromptStats)) == groups, 60, "native to report every group", native
+    )
     stop(native)
     native_samples = run.read(run.topics.samples("main"), TrainSample)
     admin = AdminClient({"bootstrap.servers": run.bootstrap})
     admin.delete_consumer_groups([run.group], request_timeout=30)[run.group].result()  # faust starts over
 
     worker = run.stream()  # Kafka: faust by default
-    wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) == 2 * groups, 90, "faust to report every group", worker)
+    wait_for(
+        lambda: len(run.read(run.topics.feedback(), PromptStats)) == 2 * groups,
+        90,
+        "faust to report every group",
+        worker,
+    )
     stop(worker)
     samples = run.read(run.topics.samples("main"), TrainSample)
-    faust_samples = samples[len(native_samples):]
+    faust_samples = samples[len(native_samples) :]
 
     assert Counter(map(sample_key, faust_samples)) == Counter(map(sample_key, native_samples))
     assert len(native_samples) == GROUP * sum(1 for g in range(3, groups) if g % 5)  # g0 g5 g10 equal, g1 g2 incomplete
     stats = run.read(run.topics.feedback(), PromptStats)
-    reports = [Counter((s.group_id, s.accepted, s.drop_reason.split(":")[0]) for s in half) for half in (stats[:groups], stats[groups:])]
+    reports = [
+        Counter((s.group_id, s.accepted, s.drop_reason.split(":")[0]) for s in half)
+        for half in (stats[:groups], stats[groups:])
+    ]
     assert reports[0] == reports[1]
     letters = run.read(run.topics.deadletter(), DeadLetter)
     assert Counter((d.key, d.reason.split(":")[0]) for d in letters) == {
-        (b"g1", "invalid trajectory g1/1"): 2, (b"g2", "undecodable trajectory"): 2, (None, "undecodable trajectory"): 2}
+        (b"g1", "invalid trajectory g1/1"): 2,
+        (b"g2", "undecodable trajectory"): 2,
+        (None, "undecodable trajectory"): 2,
+    }
 
 
 def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Callable[[str], Run]) -> None:
     run = make_run("kill")
     groups = 1000
-    first, second = [member(g, i) for g in range(groups) for i in (0, 1)], [member(g, i) for g in range(groups) for i in (2, 3)]
+    first, second = (
+        [member(g, i) for g in range(groups) for i in (0, 1)],
+        [member(g, i) for g in range(groups) for i in (2, 3)],
+    )
     run.produce(first)
     worker = run.stream("--runtime", "faust")
     ends = run.log.end_offsets(run.topics.trajectories("main"))
@@ -240,7 +306,9 @@ def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Cal
     aborted = uncommitted(run)
 
     worker = run.stream("--runtime", "faust")
-    wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 90, "every group to be reported", worker)
+    wait_for(
+        lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 90, "every group to be reported", worker
+    )
     ends = run.log.end_offsets(run.topics.trajectories("main"))
     wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything", worker)
     stop(worker)
@@ -265,19 +333,27 @@ def test_a_killed_native_processor_resumes_from_its_commits_on_kafka(make_run: C
     complete = run.log.end_offsets(run.topics.trajectories("main"))  # per partition: where the half-filled ones start
     run.produce([member(g, i) for g in range(groups // 2, groups) for i in (0, 1)])
     processor = run.stream("--runtime", "native")
-    wait_for(lambda: run.committed() == complete, 90, "the processor to commit every complete group and no more", processor)
+    wait_for(
+        lambda: run.committed() == complete, 90, "the processor to commit every complete group and no more", processor
+    )
     processor.kill()
     processor.wait()
-    assert sorted(s.group_id for s in run.read(run.topics.feedback(), PromptStats)) == sorted(f"g{g}" for g in range(groups // 2))
+    assert sorted(s.group_id for s in run.read(run.topics.feedback(), PromptStats)) == sorted(
+        f"g{g}" for g in range(groups // 2)
+    )
 
     run.produce([member(g, i) for g in range(groups // 2, groups) for i in (2, 3)])
     processor = run.stream("--runtime", "native")
     ends = run.log.end_offsets(run.topics.trajectories("main"))
     wait_for(lambda: run.committed() == ends, 90, "the restarted processor to commit everything", processor)
     stop(processor)
-    assert sorted(s.group_id for s in run.read(run.topics.feedback(), PromptStats)) == sorted(f"g{g}" for g in range(groups))
+    assert sorted(s.group_id for s in run.read(run.topics.feedback(), PromptStats)) == sorted(
+        f"g{g}" for g in range(groups)
+    )
     emitted = Counter(s.sample_id for s in run.read(run.topics.samples("main"), TrainSample))
-    assert max(emitted.values()) == 1 and set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+    assert max(emitted.values()) == 1 and set(emitted) == {
+        f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)
+    }
 
 
 class LeavingOut:
@@ -304,7 +380,9 @@ class LeavingOut:
                     await super()._recover_skipped(*args)
 
         self.left_out = left_out
-        self.ctx = ComponentContext(resolve_config(run.config, None, None, {"stream.runtime": "faust"}), run.run_dir, "stream")
+        self.ctx = ComponentContext(
+            resolve_config(run.config, None, None, {"stream.runtime": "faust"}), run.run_dir, "stream"
+        )
         self.processor = Processor(self.ctx, "main")
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -334,7 +412,11 @@ def test_records_faust_leaves_out_are_handled_from_the_log(make_run: Callable[[s
     skip = {(p, offset) for p, end in ends.items() for offset in (0, 1, 9, 10, 11, end - 2)}
     worker = LeavingOut(run, skip)
     try:
-        wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups or not worker.thread.is_alive(), 90, "every group to be reported")
+        wait_for(
+            lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups or not worker.thread.is_alive(),
+            90,
+            "every group to be reported",
+        )
         wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything")
     finally:
         worker.close()
@@ -349,7 +431,9 @@ def test_records_faust_leaves_out_are_handled_from_the_log(make_run: Callable[[s
     assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the consumer thread, ended at once
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning"
+)  # the consumer thread, ended at once
 def test_a_worker_that_stops_committing_fails(make_run: Callable[[str], Run], monkeypatch: pytest.MonkeyPatch) -> None:
     from astraflow.streams import faust_runtime
 

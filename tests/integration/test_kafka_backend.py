@@ -70,8 +70,9 @@ def test_seek_before_the_group_assigns(kafka_log: KafkaLog, unique: str, seek: s
     ],
 )
 def test_topic_spec_round_trips(kafka_log: KafkaLog, unique: str, spec: TopicSpec) -> None:
-    named = TopicSpec(f"kafka.spec.{spec.name}.{unique}", spec.partitions, spec.retention_ms, spec.compacted,
-                      spec.max_message_bytes)
+    named = TopicSpec(
+        f"kafka.spec.{spec.name}.{unique}", spec.partitions, spec.retention_ms, spec.compacted, spec.max_message_bytes
+    )
     kafka_log.create_topic(named)
     assert kafka_log.describe_topic(named.name) == named
 
@@ -82,7 +83,7 @@ def java_partition(key: bytes, partitions: int) -> int:
     h = (seed ^ len(key)) & mask
     body = len(key) - len(key) % 4
     for i in range(0, body, 4):
-        k = (int.from_bytes(key[i:i + 4], "little") * m) & mask
+        k = (int.from_bytes(key[i : i + 4], "little") * m) & mask
         k = ((k ^ (k >> 24)) * m) & mask
         h = ((h * m) & mask) ^ k
     for shift, byte in reversed(list(enumerate(key[body:]))):

@@ -52,15 +52,18 @@ def pump(consumers: list[Consumer], until: Callable[[], bool], timeout: float, w
     deadline = time.monotonic() + timeout
     while not until():
         if time.monotonic() > deadline:
-            pytest.fail(f"not reached within {timeout:.0f}s: {what}; assignments "
-                        f"{[sorted(tp.partition for tp in c.assignment()) for c in consumers]}")
+            pytest.fail(
+                f"not reached within {timeout:.0f}s: {what}; assignments "
+                f"{[sorted(tp.partition for tp in c.assignment()) for c in consumers]}"
+            )
         for consumer in consumers:
             consumer.poll(max_records=1, timeout=0.1)
 
 
 def test_topic_admin(log: Log, unique: str) -> None:
-    spec = TopicSpec(f"conformance.admin.{unique}", partitions=3, retention_ms=86_400_000,
-                     max_message_bytes=2 * 1024 * 1024)
+    spec = TopicSpec(
+        f"conformance.admin.{unique}", partitions=3, retention_ms=86_400_000, max_message_bytes=2 * 1024 * 1024
+    )
     log.create_topic(spec)
     log.create_topic(spec, exist_ok=True)
     with pytest.raises(LogError):
@@ -194,12 +197,20 @@ def test_close_hands_partitions_over_at_once(log: Log, unique: str) -> None:
     try:
         first.subscribe([topic])
         second.subscribe([topic])
-        pump([first, second], lambda: len(first.assignment()) == len(second.assignment()) == 2, 30,
-             "both members to own 2 of the 4 partitions")
+        pump(
+            [first, second],
+            lambda: len(first.assignment()) == len(second.assignment()) == 2,
+            30,
+            "both members to own 2 of the 4 partitions",
+        )
         assert not set(first.assignment()) & set(second.assignment())
         second.close()
-        pump([first], lambda: len(first.assignment()) == 4, 10,
-             "the remaining member to own all partitions well before the 30 s session timeout")
+        pump(
+            [first],
+            lambda: len(first.assignment()) == 4,
+            10,
+            "the remaining member to own all partitions well before the 30 s session timeout",
+        )
     finally:
         first.close()
         second.close()
@@ -208,16 +219,27 @@ def test_close_hands_partitions_over_at_once(log: Log, unique: str) -> None:
 class Member:
     """A ``group_member`` process and the JSON lines it writes."""
 
-    def __init__(self, name: str, tmp_path: Path, target: dict[str, str], topic: str, group: str,
-                 session_s: float) -> None:
+    def __init__(
+        self, name: str, tmp_path: Path, target: dict[str, str], topic: str, group: str, session_s: float
+    ) -> None:
         self.name = name
         self.out = tmp_path / f"{name}.jsonl"
         self.stderr = tmp_path / f"{name}.stderr"
         with self.stderr.open("wb") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.group_member", json.dumps(target), topic, group,
-                 str(session_s), str(self.out)],
-                cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.integration.group_member",
+                    json.dumps(target),
+                    topic,
+                    group,
+                    str(session_s),
+                    str(self.out),
+                ],
+                cwd=REPO_ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
             )
 
     def events(self) -> list[dict]:
@@ -264,20 +286,32 @@ def test_group_members_in_processes_split_and_survivor_takes_over(
     members = [victim, survivor]
     status = lambda: "; ".join(member.describe() for member in members)  # noqa: E731
     try:
+
         def split() -> bool:
             owned = [member.assignment() or [] for member in members]
             return all(len(parts) == 2 for parts in owned) and sorted(owned[0] + owned[1]) == [0, 1, 2, 3]
 
         wait_until(split, 60, lambda: f"both members to own 2 of the 4 partitions: {status()}")
-        wait_until(lambda: before <= victim.consumed() | survivor.consumed(), 30,
-                   lambda: f"the members to read every record produced before: {status()}")
+        wait_until(
+            lambda: before <= victim.consumed() | survivor.consumed(),
+            30,
+            lambda: f"the members to read every record produced before: {status()}",
+        )
         victim.kill()
         after = produce("after")
-        wait_until(lambda: survivor.assignment() == [0, 1, 2, 3], 3 * session_s + 20,
-                   lambda: f"the survivor to own every partition after the kill: {status()}")
-        wait_until(lambda: after <= survivor.consumed(), 30,
-                   lambda: f"the survivor to read every record produced after the kill "
-                           f"({len(after - survivor.consumed())} missing): {status()}")
+        wait_until(
+            lambda: survivor.assignment() == [0, 1, 2, 3],
+            3 * session_s + 20,
+            lambda: f"the survivor to own every partition after the kill: {status()}",
+        )
+        wait_until(
+            lambda: after <= survivor.consumed(),
+            30,
+            lambda: (
+                f"the survivor to read every record produced after the kill "
+                f"({len(after - survivor.consumed())} missing): {status()}"
+            ),
+        )
     finally:
         for member in members:
             member.kill()

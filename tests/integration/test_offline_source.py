@@ -28,10 +28,20 @@ def trajectory(run: str, group: int, index: int, reward: float, version: int) ->
     n = 3
     gid = f"{run}/g{group}"
     return Trajectory(
-        trajectory_id=f"{gid}/{index}", episode_id=f"{gid}/{index}", group_id=gid, task_id=gid, prompt_id=f"p{group}",
-        policy="main", workflow="math", prompt_ids=np.arange(3, dtype=np.int32), response_ids=np.arange(n, dtype=np.int32),
-        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32), token_versions=np.full(n, version, dtype=np.int32),
-        loss_mask=np.ones(n, dtype=np.uint8), reward=reward, group_size=GROUP,
+        trajectory_id=f"{gid}/{index}",
+        episode_id=f"{gid}/{index}",
+        group_id=gid,
+        task_id=gid,
+        prompt_id=f"p{group}",
+        policy="main",
+        workflow="math",
+        prompt_ids=np.arange(3, dtype=np.int32),
+        response_ids=np.arange(n, dtype=np.int32),
+        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32),
+        token_versions=np.full(n, version, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8),
+        reward=reward,
+        group_size=GROUP,
     )
 
 
@@ -58,11 +68,20 @@ def wait_for(condition, timeout: float, what: str) -> None:
 def ctx(log_target: dict[str, str], tmp_path, unique: str):
     raw = {
         "run": f"live{unique}",
-        "log": {"backend": log_target["backend"], "bootstrap": log_target.get("bootstrap", "localhost:9092"), "partitions": 2},
-        "stream": {"max_staleness": 1, "pipeline": [
-            {"op": "staleness"}, {"op": "grpo"}, {"op": "zero_variance"},
-            {"op": "offline", "topic": f"old{unique}.trajectories.main", "weight": 0.5},
-        ]},
+        "log": {
+            "backend": log_target["backend"],
+            "bootstrap": log_target.get("bootstrap", "localhost:9092"),
+            "partitions": 2,
+        },
+        "stream": {
+            "max_staleness": 1,
+            "pipeline": [
+                {"op": "staleness"},
+                {"op": "grpo"},
+                {"op": "zero_variance"},
+                {"op": "offline", "topic": f"old{unique}.trajectories.main", "weight": 0.5},
+            ],
+        },
     }
     context = ComponentContext(parse_config(raw), tmp_path, "stream")
     yield context
@@ -76,13 +95,22 @@ def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: 
     for g in range(12):  # versions 250+ of the old run: a staleness filter would drop every one
         rewards = [1.0] * GROUP if g == 5 else [1.0, 0.0, 1.0, 0.0]
         for i, reward in enumerate(rewards):
-            ctx.producer.send(offline_topic, ctx.codec.encode(trajectory(old, g, i, reward, 250 + g)), key=f"{old}/g{g}".encode(), partition=0)
+            ctx.producer.send(
+                offline_topic,
+                ctx.codec.encode(trajectory(old, g, i, reward, 250 + g)),
+                key=f"{old}/g{g}".encode(),
+                partition=0,
+            )
         if g == 0:
             ctx.producer.send(offline_topic, b"\x00garbage", key=f"{old}/g99".encode(), partition=0)
     live = ctx.topics.trajectories("main")
     for g in range(6):
         for i, reward in enumerate([0.0, 1.0, 0.0, 1.0]):
-            ctx.producer.send(live, ctx.codec.encode(trajectory(ctx.config.run, g, i, reward, 0)), key=f"{ctx.config.run}/g{g}".encode())
+            ctx.producer.send(
+                live,
+                ctx.codec.encode(trajectory(ctx.config.run, g, i, reward, 0)),
+                key=f"{ctx.config.run}/g{g}".encode(),
+            )
     ctx.producer.flush()
 
     processor = NativeStreamProcessor(ctx, "main")
@@ -99,7 +127,10 @@ def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: 
     offline = [s for s in samples if "#offline" in s.sample_id]
     assert len(samples) == 12 * GROUP and len(offline) == 6 * GROUP  # exactly half, in whole groups
     assert all(s.sample_id.endswith("#offline0") and s.replayed and s.trajectory.policy == "main" for s in offline)
-    assert all(f"offline:{offline_topic}" in s.operators and "staleness" not in s.operators[:s.operators.index("grpo")] for s in offline)
+    assert all(
+        f"offline:{offline_topic}" in s.operators and "staleness" not in s.operators[: s.operators.index("grpo")]
+        for s in offline
+    )
     assert not any(s.sample_id.startswith(f"{old}/g5/") for s in offline)  # the all-equal group was filtered
     fresh = [s for s in samples if "#offline" not in s.sample_id]
     assert len({s.sample_id for s in fresh}) == 6 * GROUP and not any(s.replayed for s in fresh)

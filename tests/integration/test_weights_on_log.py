@@ -33,13 +33,20 @@ def retained(log: Log, topic: str, partition: int) -> list[WeightChunk]:
 
 
 @pytest.mark.parametrize("transport", ["inline", "store"])
-def test_retention_keeps_the_last_versions_and_the_full_one_they_need(log: Log, unique: str, tmp_path: Path, transport: str) -> None:
+def test_retention_keeps_the_last_versions_and_the_full_one_they_need(
+    log: Log, unique: str, tmp_path: Path, transport: str
+) -> None:
     topics = RunTopics(f"keep{unique}", "math", ("main",))
     topics.ensure(log, partitions=1)
     topic = topics.weights("main")
     store = tmp_path / "store"
-    config = WeightsConfig(keep_versions=2, full_sync_interval=3, chunk_bytes=8192, transport=transport,
-                           store=str(store) if transport == "store" else None)
+    config = WeightsConfig(
+        keep_versions=2,
+        full_sync_interval=3,
+        chunk_bytes=8192,
+        transport=transport,
+        store=str(store) if transport == "store" else None,
+    )
     states = [perturbed(random_state(1), 0.02, seed=v) for v in range(8)]
     kept = []
     with log.producer() as producer:
@@ -72,7 +79,9 @@ def test_chunks_above_the_brokers_default_record_size(log: Log, unique: str) -> 
     assert log.describe_topic(topic).max_message_bytes == 25 * MiB  # the local broker's message.max.bytes is 16 MiB
     state = {"w": torch.randn(10 * MiB, generator=torch.Generator().manual_seed(0))}  # 20 MiB in bf16: one chunk
     with log.producer() as producer:
-        manifest = WeightPublisher(producer, Codec(), topic, "main", WeightsConfig(chunk_bytes=24 * MiB)).publish(state, 0)
+        manifest = WeightPublisher(producer, Codec(), topic, "main", WeightsConfig(chunk_bytes=24 * MiB)).publish(
+            state, 0
+        )
     assert manifest.num_chunks == 1 and manifest.total_bytes == 20 * MiB
     follower = WeightFollower(log, topic, payload=True).start()
     try:

@@ -47,12 +47,24 @@ class RecordedRun:
 def trajectory(policy: str, group: str, index: int, version: int, reward: float, created_ms: int) -> Trajectory:
     n = 3 + index
     return Trajectory(
-        trajectory_id=f"{policy}/{group}/{index}", episode_id=f"{group}/{index}", group_id=group, task_id=group,
-        prompt_id=f"p-{group}", policy=policy, workflow="math", prompt_ids=np.arange(4, dtype=np.int32),
-        response_ids=np.arange(n, dtype=np.int32) + 7, behaviour_logprobs=np.full(n, -0.25, dtype=np.float32),
-        token_versions=np.full(n, version, dtype=np.int32), loss_mask=np.ones(n, dtype=np.uint8), reward=reward,
-        reward_components={"correct": reward}, response_text=f"answer {index}", group_size=4,
-        producer_id=f"rollout-{index % 2}", created_ms=created_ms,
+        trajectory_id=f"{policy}/{group}/{index}",
+        episode_id=f"{group}/{index}",
+        group_id=group,
+        task_id=group,
+        prompt_id=f"p-{group}",
+        policy=policy,
+        workflow="math",
+        prompt_ids=np.arange(4, dtype=np.int32),
+        response_ids=np.arange(n, dtype=np.int32) + 7,
+        behaviour_logprobs=np.full(n, -0.25, dtype=np.float32),
+        token_versions=np.full(n, version, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8),
+        reward=reward,
+        reward_components={"correct": reward},
+        response_text=f"answer {index}",
+        group_size=4,
+        producer_id=f"rollout-{index % 2}",
+        created_ms=created_ms,
     )
 
 
@@ -70,7 +82,9 @@ def record_run(run_dir: Path) -> RecordedRun:
     now = int(time.time() * 1000) - 10_000
     main[-1].created_ms = main[-2].created_ms = now
     verifier = [trajectory("verifier", "v0", i, 0, 1.0 - i, next(clock)) for i in range(2)]
-    samples = [TrainSample(f"s{i}", main[i], 0.5 - i / 10, 2, ["staleness", "grpo"], created_ms=next(clock)) for i in range(8)]
+    samples = [
+        TrainSample(f"s{i}", main[i], 0.5 - i / 10, 2, ["staleness", "grpo"], created_ms=next(clock)) for i in range(8)
+    ]
     metrics = [metric("stream.staleness", s, 2, "stream-a", next(clock), policy="main") for s in (0, 0, 1, 2, 1, 0)]
     metrics += [
         metric("stream.dropped.stale", 1, 1, "stream-a", next(clock)),
@@ -79,16 +93,39 @@ def record_run(run_dir: Path) -> RecordedRun:
         metric("stream.dropped.zero_variance", 4, 2, "stream-a", next(clock)),
     ]
     metrics += [metric("eval.accuracy", 0.2 * (v + 1), v, "evaluate-x", next(clock), policy="main") for v in range(3)]
-    metrics += [metric("stream.group_reward", 0.25 * (v + 1), v, "stream-a", next(clock), policy="main") for v in range(3)]
+    metrics += [
+        metric("stream.group_reward", 0.25 * (v + 1), v, "stream-a", next(clock), policy="main") for v in range(3)
+    ]
     metrics += [metric("train.version", v, v, "train-x", next(clock), policy="main") for v in range(3)]
     metrics += [
         metric("rollout.version_lag", lag, v, producer, next(clock), policy="main")
-        for v in range(3) for producer, lag in (("rollout-a", v % 2), ("rollout-b", 1))
+        for v in range(3)
+        for producer, lag in (("rollout-a", v % 2), ("rollout-b", 1))
     ]
     metrics += [metric("rollout.samples_per_s", 20.0 + v, v, "rollout-a", next(clock), policy="main") for v in range(3)]
     letters = [
-        DeadLetter("stream-a", "undecodable trajectory: truncated", "SchemaError", f"{RUN}.trajectories.main", 0, 99, None, b"\x00", next(clock)),
-        DeadLetter("stream-a", "invalid trajectory t9: reward is NaN", "", f"{RUN}.trajectories.main", 1, 7, b"g9", b"\x01", next(clock)),
+        DeadLetter(
+            "stream-a",
+            "undecodable trajectory: truncated",
+            "SchemaError",
+            f"{RUN}.trajectories.main",
+            0,
+            99,
+            None,
+            b"\x00",
+            next(clock),
+        ),
+        DeadLetter(
+            "stream-a",
+            "invalid trajectory t9: reward is NaN",
+            "",
+            f"{RUN}.trajectories.main",
+            1,
+            7,
+            b"g9",
+            b"\x01",
+            next(clock),
+        ),
     ]
     topics = RunTopics(RUN, "math", ("main", "verifier"))
     codec = Codec()
@@ -96,11 +133,26 @@ def record_run(run_dir: Path) -> RecordedRun:
         topics.ensure(log, partitions=2)
         with log.producer() as producer:
             for record in main + verifier:
-                producer.send(topics.trajectories(record.policy), codec.encode(record), key=record.group_id.encode(), timestamp_ms=record.created_ms)
+                producer.send(
+                    topics.trajectories(record.policy),
+                    codec.encode(record),
+                    key=record.group_id.encode(),
+                    timestamp_ms=record.created_ms,
+                )
             for record in samples:
-                producer.send(topics.samples("main"), codec.encode(record), key=record.trajectory.group_id.encode(), timestamp_ms=record.created_ms)
+                producer.send(
+                    topics.samples("main"),
+                    codec.encode(record),
+                    key=record.trajectory.group_id.encode(),
+                    timestamp_ms=record.created_ms,
+                )
             for record in metrics:
-                producer.send(topics.metrics(), codec.encode(record), key=record.component.encode(), timestamp_ms=record.created_ms)
+                producer.send(
+                    topics.metrics(),
+                    codec.encode(record),
+                    key=record.component.encode(),
+                    timestamp_ms=record.created_ms,
+                )
             for record in letters:
                 producer.send(topics.deadletter(), codec.encode(record), timestamp_ms=record.created_ms)
             producer.flush()

@@ -21,12 +21,20 @@ class ScriptedEngine:
         self.version = version
         self.contexts: list[np.ndarray] = []
 
-    def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False) -> list[TurnSample]:
+    def generate_ids(
+        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[TurnSample]:
         samples = []
         for context in contexts:
             self.contexts.append(np.array(context))
             text = self.script(self.tokenizer.decode(context, skip_special_tokens=True))
             ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
             cut = ids[:max_new_tokens]
-            samples.append(TurnSample(np.asarray(cut, dtype=np.int32), np.full(len(cut), -0.5, dtype=np.float32), len(ids) <= max_new_tokens))
+            samples.append(
+                TurnSample(
+                    np.asarray(cut, dtype=np.int32),
+                    np.full(len(cut), -0.5, dtype=np.float32),
+                    len(ids) <= max_new_tokens,
+                )
+            )
         return samples

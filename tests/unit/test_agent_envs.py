@@ -8,19 +8,21 @@ from collections.abc import Iterator
 import pytest
 
 from astraflow.envs.base import EnvError
-from astraflow.tasks.code.env import CodeEnv
 from astraflow.envs.http import HttpEnv
-from astraflow.tasks.rooms.env import DIRECTIONS, RoomsEnv, RoomsLayout, layout_from_reference
 from astraflow.envs.server import EnvServer
-from astraflow.tasks.rooms.server import rooms_factory
 from astraflow.sandbox import BACKENDS, SandboxError, SandboxLimits, probe
 from astraflow.schemas.records import RolloutTask
+from astraflow.tasks.code.env import CodeEnv
 from astraflow.tasks.code.programs import parse_reference, program_problems
 from astraflow.tasks.rooms.data import room_problems
+from astraflow.tasks.rooms.env import DIRECTIONS, RoomsEnv, RoomsLayout, layout_from_reference
+from astraflow.tasks.rooms.server import rooms_factory
 
 
 def rooms_task(seed: int, size: int = 3) -> RolloutTask:
-    return RolloutTask(f"r{seed}@0", f"r{seed}", f"r{seed}@0", "rooms", "", json.dumps({"seed": seed, "size": size}), 1, 0, 0)
+    return RolloutTask(
+        f"r{seed}@0", f"r{seed}", f"r{seed}@0", "rooms", "", json.dumps({"seed": seed, "size": size}), 1, 0, 0
+    )
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -92,7 +94,9 @@ def sandbox():
 
 def code_task(problem_index: int = 0) -> tuple[RolloutTask, str]:
     problem = program_problems(seed=0, heldout_size=16)[0][problem_index]
-    return RolloutTask("c@0", problem.prompt_id, "c@0", "code", problem.prompt, problem.answer, 1, 0, 0), parse_reference(problem.answer)[1]
+    return RolloutTask(
+        "c@0", problem.prompt_id, "c@0", "code", problem.prompt, problem.answer, 1, 0, 0
+    ), parse_reference(problem.answer)[1]
 
 
 def test_code_env_scores_tests_passed(sandbox) -> None:
@@ -122,7 +126,9 @@ def test_every_generated_solution_passes_its_tests(sandbox) -> None:
     for problem in heldout[:4]:
         tests, solution = parse_reference(problem.answer)
         assert len(tests) == 5
-        assert [r.stdout for r in sandbox.run_python_tests(solution, [test.input for test in tests])] == [test.output for test in tests]
+        assert [r.stdout for r in sandbox.run_python_tests(solution, [test.input for test in tests])] == [
+            test.output for test in tests
+        ]
 
 
 def test_a_program_with_the_right_offset_earns_partial_credit(sandbox) -> None:

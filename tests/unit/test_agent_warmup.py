@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.config import AgentConfig, RunConfig, parse_config
 from astraflow.basemodel.cache import _cache_key
 from astraflow.basemodel.sft import demonstration_examples
+from astraflow.config import AgentConfig, RunConfig, parse_config
 from astraflow.envs.base import EnvError
-from astraflow.tasks.catalog import open_environments
 from astraflow.envs.episodes import AgentLimits, demonstrate
 from astraflow.errors import ConfigError
 from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
+from astraflow.tasks.catalog import open_environments
 from astraflow.tasks.datasets import task_alphabet, task_demonstration
-from astraflow.tasks.search.facts import SEARCH_SHARE, fact_problems
 from astraflow.tasks.rooms.data import room_problems
+from astraflow.tasks.search.facts import SEARCH_SHARE, fact_problems
 from tests.unit.scripted_engine import ScriptedEngine
 
 TOKENIZER = build_char_tokenizer(task_alphabet("search_facts"))
@@ -37,25 +37,44 @@ def facts(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, Path]:
     return train, data
 
 
-def replay(workflow: str, problem, data_dir: Path | None, agent: AgentConfig = AgentConfig(max_turns=8, max_total_tokens=512)):
+def replay(
+    workflow: str, problem, data_dir: Path | None, agent: AgentConfig = AgentConfig(max_turns=8, max_total_tokens=512)
+):
     """The demonstration of ``problem`` played by a policy that writes exactly its turns, as a rollout."""
     make_env = open_environments(workflow, {"search": "exact_match", "rooms": "env"}[workflow], agent, data_dir)
     turns = iter(task_demonstration({"search": "search_facts", "rooms": "rooms"}[workflow])(problem))
     workflow_run = MultiTurnWorkflow("main", make_env, LIMITS, temperature=1.0)
-    [outcome] = workflow_run.run_batch({"main": ScriptedEngine(TOKENIZER, lambda context: next(turns))}, [evaluation_task(problem, workflow)], Provenance("p", "r", "h"))
+    [outcome] = workflow_run.run_batch(
+        {"main": ScriptedEngine(TOKENIZER, lambda context: next(turns))},
+        [evaluation_task(problem, workflow)],
+        Provenance("p", "r", "h"),
+    )
     return make_env, outcome.trajectories[0]
 
 
 @pytest.mark.parametrize("workflow", ["search", "rooms"])
 def test_a_demonstration_is_token_for_token_the_rollout_of_its_turns(workflow: str, facts) -> None:
     train, data = facts
-    problem = next(p for p in train if len(task_demonstration("search_facts")(p)) == 2) if workflow == "search" else room_problems(0, 5, games=20)[0][3]
+    problem = (
+        next(p for p in train if len(task_demonstration("search_facts")(p)) == 2)
+        if workflow == "search"
+        else room_problems(0, 5, games=20)[0][3]
+    )
     make_env, trajectory = replay(workflow, problem, data)
-    transcript = demonstrate(make_env(evaluation_task(problem, workflow), 0), task_demonstration({"search": "search_facts", "rooms": "rooms"}[workflow])(problem), TOKENIZER, LIMITS)
+    transcript = demonstrate(
+        make_env(evaluation_task(problem, workflow), 0),
+        task_demonstration({"search": "search_facts", "rooms": "rooms"}[workflow])(problem),
+        TOKENIZER,
+        LIMITS,
+    )
     response, _, _, mask = transcript.arrays()
     assert trajectory.reward == 1.0 and len(transcript.turns) >= 3
-    assert np.array_equal(transcript.prompt_ids, trajectory.prompt_ids) and np.array_equal(response, trajectory.response_ids)
-    assert np.array_equal(mask, trajectory.loss_mask) and [t.role for t in transcript.turns] == [t.role for t in trajectory.turns]
+    assert np.array_equal(transcript.prompt_ids, trajectory.prompt_ids) and np.array_equal(
+        response, trajectory.response_ids
+    )
+    assert np.array_equal(mask, trajectory.loss_mask) and [t.role for t in transcript.turns] == [
+        t.role for t in trajectory.turns
+    ]
     [example] = demonstration_examples([transcript])
     assert 0 < example.loss_mask.sum() < len(example.response_ids)  # the tool / environment turns are not supervised
 
@@ -71,7 +90,9 @@ def test_search_demonstrations_search_for_a_share_and_guess_otherwise(facts) -> 
 
 def test_greedy_episode_evaluation(facts) -> None:
     train, data = facts
-    model = build_tiny_model(TOKENIZER, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=256))
+    model = build_tiny_model(
+        TOKENIZER, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=256)
+    )
     make_env = open_environments("search", "exact_match", AgentConfig(), data)
     limits = AgentLimits(max_turns=2, max_new_tokens=6, max_total_tokens=48)
     model.train()
@@ -89,7 +110,9 @@ def test_greedy_episode_evaluation(facts) -> None:
 
 
 def test_environments_open_on_first_use_only(tmp_path: Path) -> None:
-    lazy = open_environments("search", "exact_match", AgentConfig(), None)  # what the task feeder builds: nothing opened
+    lazy = open_environments(
+        "search", "exact_match", AgentConfig(), None
+    )  # what the task feeder builds: nothing opened
     with pytest.raises(ConfigError, match="agent.corpus_file"):
         lazy.open()
     with pytest.raises(ConfigError, match="rollout.reward"):
@@ -103,8 +126,16 @@ def test_environments_open_on_first_use_only(tmp_path: Path) -> None:
 
 def test_multi_turn_base_checkpoints_have_their_own_alphabet_and_cache_key() -> None:
     math = RunConfig()
-    search = parse_config({"task": {"kind": "search_facts"}, "rollout": {"workflow": "search", "reward": "exact_match"}})
-    longer = parse_config({"task": {"kind": "search_facts"}, "rollout": {"workflow": "search", "reward": "exact_match"}, "agent": {"max_turns": 5}})
+    search = parse_config(
+        {"task": {"kind": "search_facts"}, "rollout": {"workflow": "search", "reward": "exact_match"}}
+    )
+    longer = parse_config(
+        {
+            "task": {"kind": "search_facts"},
+            "rollout": {"workflow": "search", "reward": "exact_match"},
+            "agent": {"max_turns": 5},
+        }
+    )
     assert len({_cache_key(math), _cache_key(search), _cache_key(longer)}) == 3
     assert set("search(zorvex city)answer(paris)\n") <= set(task_alphabet("search_facts"))
     assert set(json.loads(room_problems(0, 5, games=20)[0][0].answer)) == {"seed", "size"}

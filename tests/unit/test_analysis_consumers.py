@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from astraflow.cli import app
-from astraflow.attach import open_run
 from astraflow.analysis.export import export_topic
 from astraflow.analysis.report_data import gather
 from astraflow.analysis.report_page import write_report_files
 from astraflow.analysis.runs import list_runs, remove_run, resolve_run, show_run
 from astraflow.analysis.stats import collect_stats, reason_kind
 from astraflow.analysis.tail import tail_topic
+from astraflow.attach import open_run
+from astraflow.cli import app
 from astraflow.errors import ConfigError, MissingDependencyError
 from astraflow.log import TopicPartition
 from astraflow.schemas.codec import Codec
@@ -51,7 +51,10 @@ def test_stats_numbers(recorded: RecordedRun) -> None:
     ]
     assert stats.staleness == {0: 3, 1: 2, 2: 1}
     assert [(c.policy, c.version, c.trajectories, c.mean_reward) for c in stats.rewards] == [
-        ("main", 0, 4, 0.25), ("main", 1, 4, 0.5), ("main", 2, 4, 0.75), ("verifier", 0, 2, 0.5),
+        ("main", 0, 4, 0.25),
+        ("main", 1, 4, 0.5),
+        ("main", 2, 4, 0.75),
+        ("verifier", 0, 2, 0.5),
     ]
     assert stats.drops == {"stale": 5, "zero_variance": 4}
     assert stats.dead_letters == {"undecodable trajectory": 1, "invalid trajectory": 1}
@@ -59,7 +62,11 @@ def test_stats_numbers(recorded: RecordedRun) -> None:
 
 @pytest.mark.parametrize(
     ("reason", "kind"),
-    [("invalid trajectory g3/1: reward is NaN", "invalid trajectory"), ("workflow failed for task p3@1: boom", "workflow failed for task"), ("", "unknown")],
+    [
+        ("invalid trajectory g3/1: reward is NaN", "invalid trajectory"),
+        ("workflow failed for task p3@1: boom", "workflow failed for task"),
+        ("", "unknown"),
+    ],
 )
 def test_reason_kind_drops_ids(reason: str, kind: str) -> None:
     assert reason_kind(reason) == kind
@@ -92,7 +99,15 @@ def test_report_renders_every_file(recorded: RecordedRun, tmp_path: Path) -> Non
     assert run_dir == recorded.run_dir and data.source == "log"
     assert {p: len(r.reward) for p, r in data.rewards.items()} == {"main": 12, "verifier": 2}
     written = write_report_files(data, tmp_path / "report")
-    names = {"reward.png", "accuracy.png", "staleness.png", "throughput.png", "version_lag.png", "report.png", "report.html"}
+    names = {
+        "reward.png",
+        "accuracy.png",
+        "staleness.png",
+        "throughput.png",
+        "version_lag.png",
+        "report.png",
+        "report.html",
+    }
     assert {p.name for p in written} == names
     for path in written:
         assert path.stat().st_size > 1000
@@ -104,8 +119,10 @@ def test_report_renders_every_file(recorded: RecordedRun, tmp_path: Path) -> Non
 
 
 def test_report_falls_back_to_metrics_jsonl(recorded: RecordedRun, tmp_path: Path) -> None:
-    rows = [{"component": m.component, "name": m.name, "value": m.value, "step": m.step, "wall_s": i, "labels": m.labels}
-            for i, m in enumerate(recorded.metrics)]
+    rows = [
+        {"component": m.component, "name": m.name, "value": m.value, "step": m.step, "wall_s": i, "labels": m.labels}
+        for i, m in enumerate(recorded.metrics)
+    ]
     (recorded.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (recorded.run_dir / "log.sqlite").unlink()
     data, _ = gather(recorded.run_dir)
@@ -115,7 +132,13 @@ def test_report_falls_back_to_metrics_jsonl(recorded: RecordedRun, tmp_path: Pat
 
 def _trajectory_from_row(row: dict) -> Trajectory:
     """A Trajectory from an exported row (parquet maps arrive as (key, value) pairs)."""
-    arrays = {"prompt_ids": np.int32, "response_ids": np.int32, "behaviour_logprobs": np.float32, "token_versions": np.int32, "loss_mask": np.uint8}
+    arrays = {
+        "prompt_ids": np.int32,
+        "response_ids": np.int32,
+        "behaviour_logprobs": np.float32,
+        "token_versions": np.int32,
+        "loss_mask": np.uint8,
+    }
     values = {k: v for k, v in row.items() if not k.startswith("_")}
     values.update({k: np.asarray(values[k], dtype=dtype) for k, dtype in arrays.items()})
     values["reward_components"] = dict(values["reward_components"])
@@ -129,8 +152,13 @@ def _metric_from_row(row: dict) -> Metric:
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-@pytest.mark.parametrize(("topic", "rebuild", "kind"), [("trajectories.main", _trajectory_from_row, "main"), ("metrics", _metric_from_row, None)])
-def test_export_round_trips(recorded: RecordedRun, tmp_path: Path, fmt: str, topic: str, rebuild, kind: str | None) -> None:
+@pytest.mark.parametrize(
+    ("topic", "rebuild", "kind"),
+    [("trajectories.main", _trajectory_from_row, "main"), ("metrics", _metric_from_row, None)],
+)
+def test_export_round_trips(
+    recorded: RecordedRun, tmp_path: Path, fmt: str, topic: str, rebuild, kind: str | None
+) -> None:
     if fmt == "parquet":
         pq = pytest.importorskip("pyarrow.parquet")
     out = tmp_path / f"out.{fmt}"
@@ -138,7 +166,11 @@ def test_export_round_trips(recorded: RecordedRun, tmp_path: Path, fmt: str, top
         result = export_topic(log, f"{RUN}.{topic}", fmt, out)
     originals = recorded.trajectories[kind] if kind else recorded.metrics
     assert result.rows == len(originals) and not result.skipped
-    rows = [json.loads(line) for line in out.read_text().splitlines()] if fmt == "jsonl" else pq.read_table(out).to_pylist()
+    rows = (
+        [json.loads(line) for line in out.read_text().splitlines()]
+        if fmt == "jsonl"
+        else pq.read_table(out).to_pylist()
+    )
     assert all({"_partition", "_offset", "_timestamp_ms"} <= row.keys() for row in rows)
     codec = Codec()
     assert sorted(codec.encode(rebuild(row)) for row in rows) == sorted(codec.encode(r) for r in originals)
@@ -149,7 +181,9 @@ def test_export_rejects_an_unknown_format(recorded: RecordedRun, tmp_path: Path)
         export_topic(log, f"{RUN}.metrics", "csv", tmp_path / "x.csv")
 
 
-def test_parquet_without_pyarrow_says_how_to_install(recorded: RecordedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parquet_without_pyarrow_says_how_to_install(
+    recorded: RecordedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with recorded.log() as log, pytest.raises(MissingDependencyError, match="uv pip install pyarrow"):
         export_topic(log, f"{RUN}.metrics", "parquet", tmp_path / "x.parquet")
@@ -158,7 +192,13 @@ def test_parquet_without_pyarrow_says_how_to_install(recorded: RecordedRun, tmp_
 def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
     root = recorded.run_dir.parent
     (infos,) = list_runs(root)
-    assert (infos.name, infos.backend, infos.status, len(infos.topics), infos.appended("trajectories")) == (RUN, "embedded", "stopped", 10, 14)
+    assert (infos.name, infos.backend, infos.status, len(infos.topics), infos.appended("trajectories")) == (
+        RUN,
+        "embedded",
+        "stopped",
+        10,
+        14,
+    )
     (recorded.run_dir / "summary.json").write_text(json.dumps({"final_accuracy": 0.6, "versions": 2}))
     shown = show_run(resolve_run(RUN, root))
     assert shown.status == "finished" and shown.summary["versions"] == 2
@@ -184,13 +224,40 @@ def test_cli_commands(recorded: RecordedRun, tmp_path: Path) -> None:
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.output)["drops"] == {"stale": 5, "zero_variance": 4}
     assert runner.invoke(app, ["stats", str(recorded.run_dir)]).exit_code == 0
-    exported = runner.invoke(app, ["export", f"{RUN}.metrics", "--run-dir", str(recorded.run_dir), "--to", "jsonl", "--out", str(tmp_path / "m.jsonl")])
+    exported = runner.invoke(
+        app,
+        [
+            "export",
+            f"{RUN}.metrics",
+            "--run-dir",
+            str(recorded.run_dir),
+            "--to",
+            "jsonl",
+            "--out",
+            str(tmp_path / "m.jsonl"),
+        ],
+    )
     assert exported.exit_code == 0 and f"{len(recorded.metrics)} records" in exported.output
     listed = runner.invoke(app, ["runs", "ls", "--root", str(recorded.run_dir.parent)])
     assert listed.exit_code == 0 and RUN in listed.output
     shown = runner.invoke(app, ["runs", "show", RUN, "--root", str(recorded.run_dir.parent)])
     assert shown.exit_code == 0 and STREAM_GROUP in shown.output
-    tailed = runner.invoke(app, ["tail", f"{RUN}.trajectories.main", "--run-dir", str(recorded.run_dir), "--from-beginning", "--limit", "3", "--where", "reward>0", "--policy", "main"])
+    tailed = runner.invoke(
+        app,
+        [
+            "tail",
+            f"{RUN}.trajectories.main",
+            "--run-dir",
+            str(recorded.run_dir),
+            "--from-beginning",
+            "--limit",
+            "3",
+            "--where",
+            "reward>0",
+            "--policy",
+            "main",
+        ],
+    )
     assert tailed.exit_code == 0 and len(tailed.output.splitlines()) == 3
     reported = runner.invoke(app, ["report", str(recorded.run_dir), "--out", str(tmp_path / "rep")])
     assert reported.exit_code == 0 and (tmp_path / "rep" / "report.html").exists()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from astraflow.config import parse_config
 from astraflow.context import ComponentContext
 from astraflow.errors import RewardError
@@ -48,13 +49,25 @@ def bad_trajectory(**changes: object) -> Callable[[ComponentContext], bytes]:
     [
         (lambda ctx: b"\x00garbage\xff", "SchemaError", "not an Avro single-object record"),
         (lambda ctx: b"\xc3\x01" + b"\x11" * 8 + GOOD[10:], "UnknownSchemaError", "unknown writer schema"),
-        (incompatible, "SchemaError", "does not resolve to this package's schema: Schema mismatch: string is not double"),
+        (
+            incompatible,
+            "SchemaError",
+            "does not resolve to this package's schema: Schema mismatch: string is not double",
+        ),
         (bad_trajectory(reward=float("nan")), "", "non-finite reward nan"),
         (bad_trajectory(reward=float("inf")), "", "non-finite reward inf"),
         (bad_trajectory(policy="verifier"), "", "policy 'verifier' is not 'main'"),
         (bad_trajectory(group_size=0), "", "group_size 0 (an empty group)"),
     ],
-    ids=["garbage-bytes", "unknown-fingerprint", "incompatible-schema", "nan-reward", "inf-reward", "unknown-policy", "empty-group"],
+    ids=[
+        "garbage-bytes",
+        "unknown-fingerprint",
+        "incompatible-schema",
+        "nan-reward",
+        "inf-reward",
+        "unknown-policy",
+        "empty-group",
+    ],
 )
 @pytest.mark.parametrize("bad_first", [True, False], ids=["bad-first", "bad-last"])
 def test_bad_trajectory_is_dead_lettered_and_its_group_dropped_as_incomplete(
@@ -99,7 +112,9 @@ def test_a_group_whose_every_member_is_bad_leaves_nothing_waiting(tmp_path: Path
             value = Codec().encode(traj("g", index, float("nan"), size=2))
             assert processor._add(Message(topic, 0, index, b"g", value, 0)) is None
         assert processor.buffer.pending == {} and processor.buffer.failed == {}
-        assert processor._add(Message(topic, 0, 2, b"g", Codec().encode(traj("g", 0, 1.0, size=2)), 0)) is None  # late: done
+        assert (
+            processor._add(Message(topic, 0, 2, b"g", Codec().encode(traj("g", 0, 1.0, size=2)), 0)) is None
+        )  # late: done
     finally:
         ctx.close()
 

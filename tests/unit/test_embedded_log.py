@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import LogError
-from astraflow.log import TopicPartition, TopicSpec
+from astraflow.log import TopicPartition, TopicSpec, embedded_store
 from astraflow.log.embedded import EmbeddedLog
 from astraflow.log.embedded_groups import assign_round_robin
-from astraflow.log import embedded_store
 from astraflow.log.embedded_store import WAL_SIZE_LIMIT_BYTES, Checkpointer, now_ms, pack_headers, unpack_headers
 
 
@@ -168,8 +167,9 @@ def test_the_checkpointer_thread_runs_after_big_writes_not_the_writer(tmp_path: 
     assert _integrity(tmp_path / "log.sqlite") == "ok"
 
 
-def test_writers_checkpoint_themselves_when_the_thread_falls_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    checkpoints: list[str]) -> None:
+def test_writers_checkpoint_themselves_when_the_thread_falls_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoints: list[str]
+) -> None:
     monkeypatch.setattr(Checkpointer, "_run", lambda self: None)  # a thread that never checkpoints
     with EmbeddedLog(tmp_path / "log.sqlite") as log:
         log.create_topic(TopicSpec("big", partitions=1, max_message_bytes=8 * 1024 * 1024))

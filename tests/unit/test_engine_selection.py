@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from astraflow.config import parse_config
+from astraflow.engines import build_engine
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.errors import ConfigError
 from astraflow.models.loading import load_policy, load_tokenizer, resolve_dtype
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
-from astraflow.engines.torch_engine import TorchEngine
-from astraflow.engines import build_engine
 
 SMALL = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 TEMPLATE = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{% if add_generation_prompt %}={% endif %}"
@@ -25,7 +25,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_torch_engine_is_built_from_config(checkpoint: Path) -> None:
-    engine = build_engine(parse_config({"engine": {"type": "torch", "device": "auto", "dtype": "auto"}}).engine, checkpoint, seed=0)
+    engine = build_engine(
+        parse_config({"engine": {"type": "torch", "device": "auto", "dtype": "auto"}}).engine, checkpoint, seed=0
+    )
     assert isinstance(engine, TorchEngine) and engine.refreshable and engine.version == 0
     expected = torch.float32 if engine.model.device.type == "cpu" else resolve_dtype("auto", "cuda")
     assert engine.model.dtype == expected
@@ -33,13 +35,18 @@ def test_torch_engine_is_built_from_config(checkpoint: Path) -> None:
     assert len(generation.response_ids) == len(generation.logprobs) > 0
 
 
-@pytest.mark.parametrize(("flag", "template", "encoded"), [(True, TEMPLATE, "<12+3>="), (False, TEMPLATE, "12+3"), (True, None, "12+3")])
+@pytest.mark.parametrize(
+    ("flag", "template", "encoded"), [(True, TEMPLATE, "<12+3>="), (False, TEMPLATE, "12+3"), (True, None, "12+3")]
+)
 def test_chat_template_applies_only_when_asked_and_present(flag: bool, template: str | None, encoded: str) -> None:
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = template
     engine = TorchEngine(build_tiny_model(tokenizer, SMALL), tokenizer, seed=0, chat_template=flag)
     assert engine.encode(["12+3"])[0].tolist() == tokenizer(encoded)["input_ids"]
-    assert engine.generate(["12+3"], n=2, max_new_tokens=2, temperature=1.0)[0][0].prompt_ids.tolist() == tokenizer(encoded)["input_ids"]
+    assert (
+        engine.generate(["12+3"], n=2, max_new_tokens=2, temperature=1.0)[0][0].prompt_ids.tolist()
+        == tokenizer(encoded)["input_ids"]
+    )
 
 
 def test_a_checkpoint_without_pad_token_pads_with_eos(tmp_path: Path) -> None:
@@ -63,7 +70,10 @@ def test_bf16_checkpoint_loads_in_the_asked_dtype(tmp_path: Path) -> None:
     ("raw", "field"),
     [
         ({"engine": {"type": "openai"}}, "openai.base_url"),
-        ({"engine": {"type": "openai", "openai": {"base_url": "http://x/v1", "weight_update": "sglang_disk"}}}, "update_dir"),
+        (
+            {"engine": {"type": "openai", "openai": {"base_url": "http://x/v1", "weight_update": "sglang_disk"}}},
+            "update_dir",
+        ),
         ({"engine": {"type": "tgi"}}, "engine.type"),
         ({"train": {"backend": "fsdp"}}, "train.backend"),
         ({"train": {"deepspeed": {"zero_stage": 3}}}, "train.deepspeed.zero_stage"),

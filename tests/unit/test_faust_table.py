@@ -54,18 +54,30 @@ def test_entries_are_written_at_a_flush_and_deleted_with_their_group() -> None:
         assert arrive(table, buffer, *member("a", index, size=4)) is None
     assert arrive(table, buffer, *member("a", 1, size=4)) is None  # redelivered: no change
     assert arrive(table, buffer, Arrival("a", "0@7", 0), b"garbage") is None  # dead-lettered member
-    assert sorted(data) == sorted([entry_key(0, b"m", "a", "a/0"), entry_key(0, b"m", "a", "a/1"), entry_key(0, b"f", "a", "0@7")])
+    assert sorted(data) == sorted(
+        [entry_key(0, b"m", "a", "a/0"), entry_key(0, b"m", "a", "a/1"), entry_key(0, b"f", "a", "0@7")]
+    )
     assert data[entry_key(0, b"m", "a", "a/1")] == b"1" and data[entry_key(0, b"f", "a", "0@7")] == b"0"  # offset; size
     assert changelog == []  # kept for the commit
     assert table.flush() == 3 and sorted(changelog) == sorted((key, value) for key, value in data.items())
     assert arrive(table, buffer, *member("b", 0)) is None
     group = arrive(table, buffer, *member("a", 2, size=4))  # the 4th member: 2 trajectories, 1 failed, this one
-    assert group is not None and group.failed == ["0@7"] and [t.trajectory_id for t in group.trajectories] == ["a/0", "a/1", "a/2"]
+    assert (
+        group is not None
+        and group.failed == ["0@7"]
+        and [t.trajectory_id for t in group.trajectories] == ["a/0", "a/1", "a/2"]
+    )
     assert list(data) == [entry_key(0, b"m", "b", "b/0")]
     del changelog[:]
     assert table.flush() == 4
-    assert sorted(changelog) == sorted([(entry_key(0, b"m", "a", "a/0"), None), (entry_key(0, b"m", "a", "a/1"), None),
-                                        (entry_key(0, b"f", "a", "0@7"), None), (entry_key(0, b"m", "b", "b/0"), b"4")])
+    assert sorted(changelog) == sorted(
+        [
+            (entry_key(0, b"m", "a", "a/0"), None),
+            (entry_key(0, b"m", "a", "a/1"), None),
+            (entry_key(0, b"f", "a", "0@7"), None),
+            (entry_key(0, b"m", "b", "b/0"), b"4"),
+        ]
+    )
     assert table.flush() == 0  # nothing changed since
 
 
@@ -109,8 +121,12 @@ def test_a_restored_buffer_completes_the_same_groups() -> None:
 
 @pytest.mark.parametrize(
     ("log", "runtime", "expected"),
-    [({}, None, "native"), ({"backend": "kafka", "bootstrap": "h:9092"}, None, "faust"),
-     ({"backend": "kafka", "bootstrap": "h:9092"}, "native", "native"), ({}, "native", "native")],
+    [
+        ({}, None, "native"),
+        ({"backend": "kafka", "bootstrap": "h:9092"}, None, "faust"),
+        ({"backend": "kafka", "bootstrap": "h:9092"}, "native", "native"),
+        ({}, "native", "native"),
+    ],
 )
 def test_the_stream_runtime_defaults_to_faust_on_kafka(log: dict, runtime: str | None, expected: str) -> None:
     stream = {"runtime": runtime} if runtime else {}
@@ -128,4 +144,8 @@ def test_a_member_whose_record_is_gone_makes_its_group_incomplete() -> None:
         arrive(table, buffer, *member("a", index))
     restored = table.restore(0, {1: INPUT[1]}, CODEC)  # offset 0 deleted by retention
     group = arrive(table, restored, *member("a", 2))
-    assert group is not None and group.failed == ["a/0"] and [t.trajectory_id for t in group.trajectories] == ["a/1", "a/2"]
+    assert (
+        group is not None
+        and group.failed == ["a/0"]
+        and [t.trajectory_id for t in group.trajectories] == ["a/1", "a/2"]
+    )

@@ -21,6 +21,8 @@ BUILDERS = {
     "eval_system": metric_names.EVAL_SYSTEM_PREFIX,
 }
 """The catalogue's name-building functions and the prefix each puts before its argument."""
+
+
 def constants() -> dict[str, str]:
     """Every upper-case string constant of the catalogue: names and prefixes."""
     return {key: value for key, value in vars(metric_names).items() if key.isupper() and isinstance(value, str)}
@@ -61,8 +63,12 @@ def test_every_constant_has_a_docstring() -> None:
     body = ast.parse(Path(metric_names.__file__).read_text()).body
     documented = set()
     for statement, following in zip(body, body[1:]):
-        if isinstance(statement, ast.Assign) and isinstance(following, ast.Expr) \
-                and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str):
+        if (
+            isinstance(statement, ast.Assign)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
             documented.update(target.id for target in statement.targets if isinstance(target, ast.Name))
     assert set(constants()) <= documented, f"without a docstring: {sorted(set(constants()) - documented)}"
 
@@ -90,8 +96,12 @@ def _problem(node: ast.expr) -> str | None:
         return None if node.value in names().values() else f"literal {node.value!r} is not in the catalogue"
     if isinstance(node, ast.JoinedStr):  # f"train.{name}": the same as the catalogue's builder
         head, *rest = node.values
-        if isinstance(head, ast.Constant) and head.value in BUILDERS.values() \
-                and len(rest) == 1 and isinstance(rest[0], ast.FormattedValue):
+        if (
+            isinstance(head, ast.Constant)
+            and head.value in BUILDERS.values()
+            and len(rest) == 1
+            and isinstance(rest[0], ast.FormattedValue)
+        ):
             return None
         return f"f-string {ast.unparse(node)} is not built from a catalogue prefix"
     if isinstance(node, ast.Name | ast.Attribute):
@@ -107,8 +117,12 @@ def test_every_metric_call_takes_its_name_from_the_catalogue() -> None:
     calls, problems = 0, []
     for path, tree in sources():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "metric" \
-                    and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "metric"
+                and node.args
+            ):
                 calls += 1
                 problem = _problem(node.args[0])
                 if problem is not None:

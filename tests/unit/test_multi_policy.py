@@ -11,11 +11,11 @@ import pytest
 
 from astraflow.config import dump_config, load_config, parse_config
 from astraflow.errors import ConfigError
-from astraflow.launch.launcher import plan
 from astraflow.evaluation.judged import pick
-from astraflow.producers.workflows.collab import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
+from astraflow.launch.launcher import plan
 from astraflow.producers.feeder import PolicyBudget, policy_budgets
 from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.collab import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_reward, judgement
@@ -56,12 +56,32 @@ class ScriptedTextEngine:
         out = []
         for prompt in prompts:
             texts = [self.script(prompt, j) for j in range(n)]
-            out.append([Gen(t, np.arange(len(prompt), dtype=np.int32), np.arange(len(t) + 1, dtype=np.int32), np.full(len(t) + 1, -0.5, dtype=np.float32)) for t in texts])
+            out.append(
+                [
+                    Gen(
+                        t,
+                        np.arange(len(prompt), dtype=np.int32),
+                        np.arange(len(t) + 1, dtype=np.int32),
+                        np.full(len(t) + 1, -0.5, dtype=np.float32),
+                    )
+                    for t in texts
+                ]
+            )
         return out
 
 
 def task(a: int, b: int) -> RolloutTask:
-    return RolloutTask(f"add-{a}-{b}@0", f"add-{a}-{b}", f"add-{a}-{b}@0", "math", f"{a}+{b}=", str(a + b), group_size=8, submitted_version=0, created_ms=0)
+    return RolloutTask(
+        f"add-{a}-{b}@0",
+        f"add-{a}-{b}",
+        f"add-{a}-{b}@0",
+        "math",
+        f"{a}+{b}=",
+        str(a + b),
+        group_size=8,
+        submitted_version=0,
+        created_ms=0,
+    )
 
 
 @pytest.fixture
@@ -83,7 +103,10 @@ def test_three_policies_get_a_trainer_stream_and_evaluator_each() -> None:
     steps = plan(parse_config(THREE))
     trainers = [options for name, options in steps if options[0] == "train"]
     assert trainers == [("train", "--policy", p) for p in ("alpha", "beta", "gamma")]
-    assert sum(options[0] == "stream" for _, options in steps) == 3 and sum(options[0] == "evaluate" for _, options in steps) == 3
+    assert (
+        sum(options[0] == "stream" for _, options in steps) == 3
+        and sum(options[0] == "evaluate" for _, options in steps) == 3
+    )
     assert [name for name, _ in steps].count("feed") == 1
 
 
@@ -134,28 +157,44 @@ def test_answers_and_judgements_are_rewarded_and_routed_by_policy(solver_verifie
     assert {t.group_id for t in judgements} == {"add-12-35@0"} and all(t.group_size == 4 for t in judgements)
     # accepts 47 (right), rejects the near miss by writing the sum (right), accepts 42 by copying it (wrong)
     assert [t.reward for t in judgements] == [1.0, 1.0, 0.0, 1.0]
-    assert all(int(t.token_versions.max()) == 5 for t in judgements) and all(int(t.token_versions.max()) == 3 for t in answers)
+    assert all(int(t.token_versions.max()) == 5 for t in judgements) and all(
+        int(t.token_versions.max()) == 3 for t in answers
+    )
     assert workflow.groups_per_task("solver") == workflow.groups_per_task("verifier") == 1
 
 
 @pytest.mark.parametrize(
     ("answers", "truths"),
-    [(["47", "47", "47", "47"], [True, False, True, False]), (["41", "41", "47", "9"], [False, True, True, False]),
-     (["47", "41", "42"], [True, False, False])],
+    [
+        (["47", "47", "47", "47"], [True, False, True, False]),
+        (["41", "41", "47", "9"], [False, True, True, False]),
+        (["47", "41", "42"], [True, False, False]),
+    ],
 )
 def test_claims_come_in_true_and_false_pairs(answers: list[str], truths: list[bool]) -> None:
     claims = balanced_candidates("47", answers, "add-12-35@0")
     assert [claim == "47" for claim in claims] == truths
     assert claims[0::2] == answers[0::2]
     assert all(int(claim) - 47 in NEAR_MISSES for claim in claims if claim != "47" and claim not in answers)
-    assert balanced_candidates("47", answers, "add-12-35@0") == claims  # deterministic: a redone task judges the same claims
+    assert (
+        balanced_candidates("47", answers, "add-12-35@0") == claims
+    )  # deterministic: a redone task judges the same claims
 
 
 @pytest.mark.parametrize(
     ("response", "reference", "reward"),
-    [("47", "47|47", 1.0), ("45", "47|47", 0.0), ("47", "47|45", 1.0), ("45", "47|45", 0.0), ("46", "47|45", 0.5), ("", "47|45", 0.5)],
+    [
+        ("47", "47|47", 1.0),
+        ("45", "47|47", 0.0),
+        ("47", "47|45", 1.0),
+        ("45", "47|45", 0.0),
+        ("46", "47|45", 0.5),
+        ("", "47|45", 0.5),
+    ],
 )
-def test_the_judge_earns_half_for_its_verdict_and_half_for_the_sum(response: str, reference: str, reward: float) -> None:
+def test_the_judge_earns_half_for_its_verdict_and_half_for_the_sum(
+    response: str, reference: str, reward: float
+) -> None:
     assert judge_answer_reward(response, reference) == reward
 
 
@@ -192,14 +231,23 @@ def test_judge_rows_are_half_right_and_parse() -> None:
 
 @pytest.mark.parametrize(
     ("response", "reference", "reward"),
-    [("47", "47|47", 1.0), ("45", "47|47", 0.0), ("47", "47|45", 1.0), ("45", "47|45", 0.0), ("46", "47|45", 1.0), ("", "47|45", 1.0)],
+    [
+        ("47", "47|47", 1.0),
+        ("45", "47|47", 0.0),
+        ("47", "47|45", 1.0),
+        ("45", "47|45", 0.0),
+        ("46", "47|45", 1.0),
+        ("", "47|45", 1.0),
+    ],
 )
 def test_the_judge_accepts_what_it_would_answer(response: str, reference: str, reward: float) -> None:
     assert judge_reward(response, reference) == reward
     assert judgement(response, reference.split("|")[1]) == (response == reference.split("|")[1])
 
 
-@pytest.mark.parametrize(("verdicts", "chosen"), [([False, True, True], "b"), ([False, False, False], "a"), ([True, False, False], "a")])
+@pytest.mark.parametrize(
+    ("verdicts", "chosen"), [([False, True, True], "b"), ([False, False, False], "a"), ([True, False, False], "a")]
+)
 def test_the_system_keeps_the_first_accepted_answer(verdicts, chosen) -> None:
     assert pick(["a", "b", "c"], verdicts) == chosen
 
@@ -232,9 +280,11 @@ def test_lockstep_tasks_carry_the_versions_producers_wait_for(tmp_path: Path) ->
 def test_three_policies_each_play_every_task_with_their_own_group_size() -> None:
     workflow = build_run_workflow(parse_config(THREE))
     assert workflow.policies == ("alpha", "beta", "gamma")
-    engines = {"alpha": ScriptedTextEngine(lambda p, j: "47", version=1),  # always right
-               "beta": ScriptedTextEngine(lambda p, j: "47" if j == 0 else "0", version=2),
-               "gamma": ScriptedTextEngine(lambda p, j: "9", version=3)}  # always wrong
+    engines = {
+        "alpha": ScriptedTextEngine(lambda p, j: "47", version=1),  # always right
+        "beta": ScriptedTextEngine(lambda p, j: "47" if j == 0 else "0", version=2),
+        "gamma": ScriptedTextEngine(lambda p, j: "9", version=3),
+    }  # always wrong
     outcomes = workflow.run_batch(engines, [task(12, 35), task(1, 2)], PROVENANCE)
     assert [outcome.task.task_id for outcome in outcomes] == ["add-12-35@0", "add-1-2@0"]
     first = outcomes[0].trajectories
@@ -242,8 +292,12 @@ def test_three_policies_each_play_every_task_with_their_own_group_size() -> None
     assert by_policy == {"alpha": 4, "beta": 4, "gamma": 2}
     assert {(t.policy, t.group_size) for t in first} == {("alpha", 4), ("beta", 4), ("gamma", 2)}
     assert [t.reward for t in first if t.policy == "beta"] == [1.0, 0.0, 0.0, 0.0]
-    assert {t.reward for t in first if t.policy == "gamma"} == {0.0} and {t.reward for t in first if t.policy == "alpha"} == {1.0}
+    assert {t.reward for t in first if t.policy == "gamma"} == {0.0} and {
+        t.reward for t in first if t.policy == "alpha"
+    } == {1.0}
     assert {int(t.token_versions.max()) for t in first if t.policy == "beta"} == {2}
     assert all(len(engine.prompts) == 2 for engine in engines.values())  # each policy saw each task once
     budgets = policy_budgets(parse_config(THREE))
-    assert set(budgets) == {"alpha", "beta", "gamma"} and budgets["gamma"].tasks_per_batch == 32  # 64 samples / groups of 2
+    assert (
+        set(budgets) == {"alpha", "beta", "gamma"} and budgets["gamma"].tasks_per_batch == 32
+    )  # 64 samples / groups of 2

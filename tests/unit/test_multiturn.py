@@ -11,15 +11,15 @@ import pytest
 from astraflow.config import AgentConfig
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
 from astraflow.envs.episodes import AgentLimits
-from astraflow.tasks.rooms.env import RoomsLayout
 from astraflow.envs.server import EnvServer
-from astraflow.tasks.rooms.server import rooms_factory
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import build_char_tokenizer
-from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.producers.workflows.base import Provenance
 from astraflow.producers.workflows.factory import build_workflow
+from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.schemas.records import RolloutTask
+from astraflow.tasks.rooms.env import RoomsLayout
+from astraflow.tasks.rooms.server import rooms_factory
 from astraflow.tasks.search.facts import ALPHABET, fact_problems
 from tests.unit.scripted_engine import ScriptedEngine
 
@@ -34,7 +34,13 @@ def task(prompt: str, reference: str = "", group_size: int = 2, name: str = "t")
 class EchoEnv(EpisodeEnv):
     """Answers every turn with ``observation``; done after ``done_after`` turns (never if None)."""
 
-    def __init__(self, observation: str = "\nok\n", done_after: int | None = None, fail_on: str | None = None, reward: float = 1.0) -> None:
+    def __init__(
+        self,
+        observation: str = "\nok\n",
+        done_after: int | None = None,
+        fail_on: str | None = None,
+        reward: float = 1.0,
+    ) -> None:
         self.observation, self.done_after, self.fail_on, self.score = observation, done_after, fail_on, reward
         self.steps, self.closed = 0, False
 
@@ -56,13 +62,21 @@ class EchoEnv(EpisodeEnv):
 
 def run(make_env, script, limits: AgentLimits, tasks: list[RolloutTask], version: int = 4):
     engine = ScriptedEngine(TOKENIZER, script, version=version)
-    return MultiTurnWorkflow("main", make_env, limits, temperature=1.0).run_batch({"main": engine}, tasks, PROVENANCE), engine
+    return MultiTurnWorkflow("main", make_env, limits, temperature=1.0).run_batch(
+        {"main": engine}, tasks, PROVENANCE
+    ), engine
 
 
 def test_turns_alternate_with_masked_environment_spans() -> None:
-    [outcome], engine = run(lambda t, i: EchoEnv(done_after=3), lambda ctx: "act", AgentLimits(max_turns=5), [task("start\n")])
+    [outcome], engine = run(
+        lambda t, i: EchoEnv(done_after=3), lambda ctx: "act", AgentLimits(max_turns=5), [task("start\n")]
+    )
     for trajectory in outcome.trajectories:
-        assert trajectory.finish_reason == "stop" and trajectory.reward == 1.0 and trajectory.reward_components["steps"] == 3.0
+        assert (
+            trajectory.finish_reason == "stop"
+            and trajectory.reward == 1.0
+            and trajectory.reward_components["steps"] == 3.0
+        )
         assert [t.role for t in trajectory.turns] == ["policy", "environment", "policy", "environment", "policy"]
         assert trajectory.response_text == "act<eos>\nok\nact<eos>\nok\nact<eos>"
         for turn in trajectory.turns:
@@ -96,7 +110,12 @@ def test_episode_limits(limits: AgentLimits, script, env: dict, finish: str, pol
 
 
 def test_long_observations_are_cut() -> None:
-    [outcome], _ = run(lambda t, i: EchoEnv(observation="x" * 50, done_after=2), lambda c: "a", AgentLimits(max_observation_tokens=7), [task("s\n", group_size=1)])
+    [outcome], _ = run(
+        lambda t, i: EchoEnv(observation="x" * 50, done_after=2),
+        lambda c: "a",
+        AgentLimits(max_observation_tokens=7),
+        [task("s\n", group_size=1)],
+    )
     [trajectory] = outcome.trajectories
     assert [t.end - t.start for t in trajectory.turns] == [2, 7, 2]
 
@@ -143,10 +162,15 @@ def test_search_workflow_end_to_end(tmp_path: Path) -> None:
         return f"search({entity} {attribute})" if last.endswith("?") else f"answer({last.split()[-1]})"
 
     workflow = build_workflow("search", "main", "exact_match", 32, 1.0, AgentConfig(), tmp_path)
-    [outcome] = workflow.run_batch({"main": ScriptedEngine(TOKENIZER, script)}, [task(problem.prompt, problem.answer)], PROVENANCE)
+    [outcome] = workflow.run_batch(
+        {"main": ScriptedEngine(TOKENIZER, script)}, [task(problem.prompt, problem.answer)], PROVENANCE
+    )
     for trajectory in outcome.trajectories:
         assert trajectory.reward == 1.0 and [t.role for t in trajectory.turns] == ["policy", "tool", "policy"]
-        assert trajectory.response_text == f"search({entity} {attribute})<eos>\n{entity} {attribute} {problem.answer}\n" f"answer({problem.answer})<eos>"
+        assert (
+            trajectory.response_text == f"search({entity} {attribute})<eos>\n{entity} {attribute} {problem.answer}\n"
+            f"answer({problem.answer})<eos>"
+        )
 
 
 @pytest.mark.parametrize("via_http", [False, True])
@@ -155,10 +179,14 @@ def test_rooms_workflow_locally_and_over_http(via_http: bool) -> None:
     moves = iter(layout.shortest_path() * 2)
     server = EnvServer(rooms_factory).start() if via_http else None
     try:
-        agent = AgentConfig(max_turns=10, max_total_tokens=1000, max_observation_tokens=200, env_url=server.url if server else None)
+        agent = AgentConfig(
+            max_turns=10, max_total_tokens=1000, max_observation_tokens=200, env_url=server.url if server else None
+        )
         workflow = build_workflow("http_env" if via_http else "rooms", "main", "env", 16, 1.0, agent)
         rooms = task("", json.dumps({"seed": 7, "size": 3}), group_size=1)
-        [outcome] = workflow.run_batch({"main": ScriptedEngine(TOKENIZER, lambda c: f"go({next(moves)})")}, [rooms], PROVENANCE)
+        [outcome] = workflow.run_batch(
+            {"main": ScriptedEngine(TOKENIZER, lambda c: f"go({next(moves)})")}, [rooms], PROVENANCE
+        )
     finally:
         if server:
             server.stop()
@@ -186,7 +214,13 @@ def test_workflow_config_errors_name_the_field(kind: str, reward: str, agent: Ag
 def test_config_accepts_the_agent_section() -> None:
     from astraflow.config import parse_config
 
-    config = parse_config({"task": {"kind": "rooms"}, "rollout": {"workflow": "rooms", "reward": "env"}, "agent": {"max_turns": 6, "sandbox": {"backend": "bwrap", "memory_mb": 128}}})
+    config = parse_config(
+        {
+            "task": {"kind": "rooms"},
+            "rollout": {"workflow": "rooms", "reward": "env"},
+            "agent": {"max_turns": 6, "sandbox": {"backend": "bwrap", "memory_mb": 128}},
+        }
+    )
     assert config.agent.max_turns == 6 and config.agent.sandbox.memory_mb == 128
     with pytest.raises(ConfigError, match="agent.max_turns"):
         parse_config({"agent": {"max_turns": 0}})

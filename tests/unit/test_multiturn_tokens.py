@@ -17,20 +17,20 @@ import pytest
 import torch
 
 from astraflow.config import StreamConfig
-from astraflow.training.loss import ppo_clip_loss
-from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, collate, response_logprobs
+from astraflow.engines.base import TurnSample
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.envs.base import EpisodeEnv, StepResult
 from astraflow.envs.episodes import AgentLimits
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.engines.torch_engine import TorchEngine
-from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
-from astraflow.engines.base import TurnSample
 from astraflow.producers.workflows.base import Provenance
+from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.streams.operators import Group, validate
 from astraflow.streams.pipeline import build_pipeline
 from astraflow.tasks.search.facts import ALPHABET
+from astraflow.training.loss import ppo_clip_loss
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, collate, response_logprobs
 
 PROVENANCE = Provenance("rollout-test", "eu", "cpu")
 LIMITS = AgentLimits(max_turns=4, max_new_tokens=8, max_total_tokens=96, max_observation_tokens=16)
@@ -64,7 +64,9 @@ class RecordingEngine:
     def version(self) -> int:
         return self.inner.version
 
-    def generate_ids(self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False) -> list[TurnSample]:
+    def generate_ids(
+        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[TurnSample]:
         samples = self.inner.generate_ids(contexts, max_new_tokens, temperature, greedy)
         self.calls += [(self.version, np.array(c), s) for c, s in zip(contexts, samples)]
         self.inner.version += 1  # as if a new weight version arrived between two turns
@@ -74,7 +76,9 @@ class RecordingEngine:
 @pytest.fixture(scope="module")
 def model_and_tokenizer():
     tokenizer = build_char_tokenizer(ALPHABET)
-    model = build_tiny_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1))
+    model = build_tiny_model(
+        tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1)
+    )
     bias = torch.zeros(len(tokenizer))
     bias[tokenizer.eos_token_id] = 4.0
     model.lm_head.register_forward_hook(lambda module, inputs, output: output + bias)
@@ -87,7 +91,9 @@ def rollout(model_and_tokenizer) -> tuple[list[Trajectory], RecordingEngine]:
     torch.manual_seed(0)
     engine = RecordingEngine(TorchEngine(model, tokenizer, version=10, seed=0))
     tasks = [RolloutTask(f"p{i}@0", f"p{i}", f"p{i}@0", "chat", "", "", 4, 0, 0) for i in range(3)]
-    outcomes = MultiTurnWorkflow("main", lambda t, i: Chatter(), LIMITS, temperature=1.0).run_batch({"main": engine}, tasks, PROVENANCE)
+    outcomes = MultiTurnWorkflow("main", lambda t, i: Chatter(), LIMITS, temperature=1.0).run_batch(
+        {"main": engine}, tasks, PROVENANCE
+    )
     assert all(o.error is None for o in outcomes)
     return [t for o in outcomes for t in o.trajectories], engine
 
@@ -137,7 +143,9 @@ def test_masks_and_versions(rollout) -> None:
 def test_the_trainer_reproduces_the_behaviour_logprobs(rollout, model_and_tokenizer) -> None:
     trajectories, _ = rollout
     model, tokenizer = model_and_tokenizer
-    examples = [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 0.0) for t in trajectories]
+    examples = [
+        PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 0.0) for t in trajectories
+    ]
     batch = collate(examples, tokenizer.pad_token_id)
     with torch.no_grad():
         logprobs = response_logprobs(model, batch)  # [B, R]
@@ -147,7 +155,10 @@ def test_the_trainer_reproduces_the_behaviour_logprobs(rollout, model_and_tokeni
 
 def test_generation_never_round_trips_through_text(model_and_tokenizer) -> None:
     _, tokenizer = model_and_tokenizer
-    odd = np.asarray([tokenizer.convert_tokens_to_ids("h"), tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.eos_token_id], dtype=np.int32)
+    odd = np.asarray(
+        [tokenizer.convert_tokens_to_ids("h"), tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.eos_token_id],
+        dtype=np.int32,
+    )
 
     class Fixed:
         version = 0
@@ -163,7 +174,9 @@ def test_generation_never_round_trips_through_text(model_and_tokenizer) -> None:
             return StepResult("", done=True)
 
     task = RolloutTask("x@0", "x", "x@0", "chat", "", "", 1, 0, 0)
-    [outcome] = MultiTurnWorkflow("main", lambda t, i: OneTurn(), LIMITS, 1.0).run_batch({"main": Fixed()}, [task], PROVENANCE)
+    [outcome] = MultiTurnWorkflow("main", lambda t, i: OneTurn(), LIMITS, 1.0).run_batch(
+        {"main": Fixed()}, [task], PROVENANCE
+    )
     [trajectory] = outcome.trajectories
     assert np.array_equal(trajectory.response_ids, odd)
     retokenized = tokenizer(tokenizer.decode(odd, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
@@ -185,28 +198,55 @@ def test_codec_and_stream_operators_accept_multi_turn_trajectories(rollout) -> N
 def test_tool_tokens_do_not_move_the_loss(rollout, model_and_tokenizer) -> None:
     trajectories, _ = rollout
     model, tokenizer = model_and_tokenizer
-    examples = [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 1.0 - 2 * (i % 2)) for i, t in enumerate(trajectories[:4])]
-    scrambled = [PolicyExample(e.prompt_ids, e.response_ids, np.where(e.loss_mask == 1, e.behaviour_logprobs, -30.0).astype(np.float32), e.loss_mask, e.advantage) for e in examples]
+    examples = [
+        PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 1.0 - 2 * (i % 2))
+        for i, t in enumerate(trajectories[:4])
+    ]
+    scrambled = [
+        PolicyExample(
+            e.prompt_ids,
+            e.response_ids,
+            np.where(e.loss_mask == 1, e.behaviour_logprobs, -30.0).astype(np.float32),
+            e.loss_mask,
+            e.advantage,
+        )
+        for e in examples
+    ]
 
     def loss_and_grads(batch_examples):
         model.zero_grad(set_to_none=True)
         batch = collate(batch_examples, tokenizer.pad_token_id)
-        loss, stats = ppo_clip_loss(response_logprobs(model, batch), batch.behaviour_logprobs, batch.advantages, batch.loss_mask)
+        loss, stats = ppo_clip_loss(
+            response_logprobs(model, batch), batch.behaviour_logprobs, batch.advantages, batch.loss_mask
+        )
         loss.backward()
         return float(loss.detach()), stats.tokens, [p.grad.clone() for p in model.parameters()]
 
     loss, tokens, grads = loss_and_grads(examples)
     loss2, tokens2, grads2 = loss_and_grads(scrambled)
-    assert tokens == tokens2 == sum(int(e.loss_mask.sum()) for e in examples) < sum(len(e.response_ids) for e in examples)
-    assert loss == pytest.approx(loss2, abs=1e-6) and all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads, grads2))
+    assert (
+        tokens == tokens2 == sum(int(e.loss_mask.sum()) for e in examples) < sum(len(e.response_ids) for e in examples)
+    )
+    assert loss == pytest.approx(loss2, abs=1e-6) and all(
+        torch.allclose(a, b, atol=1e-7) for a, b in zip(grads, grads2)
+    )
     model.zero_grad(set_to_none=True)
 
 
 def test_a_trainer_step_on_multi_turn_samples(rollout) -> None:
     trajectories, _ = rollout
     tokenizer = build_char_tokenizer(ALPHABET)
-    model = build_tiny_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1))
+    model = build_tiny_model(
+        tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1)
+    )
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr_warmup_steps=0))
-    examples = [PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 1.0 - 2 * (i % 2)) for i, t in enumerate(trajectories)]
+    examples = [
+        PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 1.0 - 2 * (i % 2))
+        for i, t in enumerate(trajectories)
+    ]
     stats = trainer.step(examples)
-    assert stats.version == 1 and stats.tokens == sum(int(t.loss_mask.sum()) for t in trajectories) and np.isfinite(stats.loss)
+    assert (
+        stats.version == 1
+        and stats.tokens == sum(int(t.loss_mask.sum()) for t in trajectories)
+        and np.isfinite(stats.loss)
+    )

@@ -9,6 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.sft import supervised_warmup
+from astraflow.engines.torch_engine import TorchEngine
+from astraflow.errors import ConfigError
+from astraflow.evaluation.heldout import evaluate_exact_match
+from astraflow.models.loading import load_policy, save_policy
+from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.tasks.arithmetic import addition_problems
 from astraflow.training.step import (
     PolicyExample,
     PolicyStepConfig,
@@ -17,13 +24,6 @@ from astraflow.training.step import (
     lr_factor,
     response_logprobs,
 )
-from astraflow.basemodel.sft import supervised_warmup
-from astraflow.errors import ConfigError
-from astraflow.evaluation.heldout import evaluate_exact_match
-from astraflow.models.loading import load_policy, save_policy
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.engines.torch_engine import TorchEngine
-from astraflow.tasks.arithmetic import addition_problems
 
 SMALL = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
 

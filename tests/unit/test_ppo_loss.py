@@ -89,6 +89,11 @@ def test_aggregations(aggregation: str, expected: float) -> None:
     logprobs = torch.full((2, 3), -0.5)
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     value, _ = ppo_clip_loss(
-        logprobs, logprobs, torch.tensor([1.0, -1.0]), mask, aggregation=aggregation, max_tokens=5  # type: ignore[arg-type]
+        logprobs,
+        logprobs,
+        torch.tensor([1.0, -1.0]),
+        mask,
+        aggregation=aggregation,
+        max_tokens=5,  # type: ignore[arg-type]
     )
     assert float(value.detach()) == pytest.approx(expected, abs=1e-6)

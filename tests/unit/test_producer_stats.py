@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.attach import open_run
 from astraflow.analysis.producer_stats import ProducerTally, producer_rows
 from astraflow.analysis.stats import collect_stats
+from astraflow.attach import open_run
 from astraflow.schemas.records import Metric
 from tests.unit.recorded_run import record_run
 
@@ -33,9 +33,9 @@ def test_rows_per_producer() -> None:
     eu_row, us_row = rows["rollout-eu"], rows["rollout-us"]
     assert (eu_row.region, eu_row.hardware, eu_row.trajectories) == ("eu-west", "a10g", 640)
     assert eu_row.per_s == pytest.approx(576 / 100)
-    assert eu_row.recent_per_s == pytest.approx(512 / 90)      # from the last report before the window
+    assert eu_row.recent_per_s == pytest.approx(512 / 90)  # from the last report before the window
     assert (eu_row.version_lag, eu_row.mean_version_lag) == (0, 1)
-    assert us_row.trajectories == 40 and us_row.per_s == pytest.approx(16 / 5)   # policies summed
+    assert us_row.trajectories == 40 and us_row.per_s == pytest.approx(16 / 5)  # policies summed
 
 
 def test_tally_keeps_the_newest_scaler_decision() -> None:
@@ -51,4 +51,7 @@ def test_stats_show_the_producers_of_a_recorded_run(tmp_path: Path) -> None:
     recorded = record_run(tmp_path / "run")
     with open_run(recorded.run_dir) as run:
         rows = collect_stats(run).producers
-    assert [(r.producer, r.version_lag, r.mean_version_lag) for r in rows] == [("rollout-a", 0, 1 / 3), ("rollout-b", 1, 1)]
+    assert [(r.producer, r.version_lag, r.mean_version_lag) for r in rows] == [
+        ("rollout-a", 0, 1 / 3),
+        ("rollout-b", 1, 1),
+    ]

@@ -31,7 +31,16 @@ def test_where_parses(text: str, parsed: Condition) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["reward", "reward > x", "reward >> 1", "__class__ > 0", "reward > 1; import os", "len(reward) > 0", "reward > 0 and x < 1", ""],
+    [
+        "reward",
+        "reward > x",
+        "reward >> 1",
+        "__class__ > 0",
+        "reward > 1; import os",
+        "len(reward) > 0",
+        "reward > 0 and x < 1",
+        "",
+    ],
 )
 def test_where_rejects_anything_else(text: str) -> None:
     with pytest.raises(ConfigError, match="FIELD OP NUMBER"):
@@ -68,7 +77,10 @@ def test_tail_prints_only_selected_records(tmp_path: Path) -> None:
     run = record_run(tmp_path / RUN)
     keep = RecordFilter.parse("main", 1, ["reward>0"])
     with run.log() as log:
-        lines = [json.loads(line) for line in tail_topic(log, f"{RUN}.trajectories.main", from_beginning=True, limit=5, select=keep)]
+        lines = [
+            json.loads(line)
+            for line in tail_topic(log, f"{RUN}.trajectories.main", from_beginning=True, limit=5, select=keep)
+        ]
     expected = {t.trajectory_id for t in run.trajectories["main"] if t.min_version >= 1 and t.reward > 0}
     assert len(expected) == 5
     assert {line["value"]["trajectory_id"] for line in lines} == expected

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from fastavro import schemaless_writer
 
-from astraflow.config import dump_config, load_config, parse_config
 from astraflow.attach import open_run
-from astraflow.launch.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
+from astraflow.config import dump_config, load_config, parse_config
 from astraflow.errors import ConfigError
 from astraflow.launch.replay import IDLE_S, ReplayMonitor, check_compatible, parse_time_ms, replay_config
+from astraflow.launch.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
 from astraflow.log import TopicPartition, TopicSpec, open_log
 from astraflow.schemas.codec import MAGIC
 from astraflow.schemas.store import LogSchemaStore, writer_schema
@@ -85,8 +85,14 @@ def test_copy_is_byte_exact_and_leaves_the_source_groups_alone(recorded: Recorde
 
 
 def test_copy_brings_an_unknown_writer_schema_along(recorded: RecordedRun, tmp_path: Path) -> None:
-    extra = writer_schema({"type": "record", "name": "Extra", "namespace": "astraflow",
-                           "fields": [{"name": "x", "type": "int", "doc": "a number"}]})
+    extra = writer_schema(
+        {
+            "type": "record",
+            "name": "Extra",
+            "namespace": "astraflow",
+            "fields": [{"name": "x", "type": "int", "doc": "a number"}],
+        }
+    )
     body = io.BytesIO()
     schemaless_writer(body, extra.parsed, {"x": 7})
     with recorded.log() as log:

@@ -21,9 +21,22 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.sandbox import BACKENDS, BwrapSandbox, RunResult, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError, base, open_sandbox, probe
+from astraflow.sandbox import (
+    BACKENDS,
+    BwrapSandbox,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxUnavailableError,
+    base,
+    open_sandbox,
+    probe,
+)
 
-LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_mb=128, max_processes=8, max_file_mb=1, max_output_bytes=4096)
+LIMITS = SandboxLimits(
+    wall_seconds=2.0, cpu_seconds=1, memory_mb=128, max_processes=8, max_file_mb=1, max_output_bytes=4096
+)
 
 
 @pytest.fixture(scope="module", params=sorted(BACKENDS))
@@ -36,7 +49,9 @@ def sandbox(request: pytest.FixtureRequest) -> Sandbox:
 
 
 def test_runs_a_program_with_stdin_in_its_own_directory(sandbox: Sandbox) -> None:
-    result = sandbox.run_python("import os\nprint(os.getcwd(), input())\nopen('scratch', 'w').write('x')", stdin="hello\n")
+    result = sandbox.run_python(
+        "import os\nprint(os.getcwd(), input())\nopen('scratch', 'w').write('x')", stdin="hello\n"
+    )
     assert result.ok and result.stdout == "/work hello\n" and result.describe() == "exit 0"
 
 
@@ -58,7 +73,9 @@ def test_writing_outside_the_throwaway_dir_fails(sandbox: Sandbox, tmp_path: Pat
     host_file = tmp_path / "escape.txt"
     path = str(host_file) if target == "HOST" else target
     result = sandbox.run_python(f"open({path!r}, 'w').write('pwned')")
-    assert result.exit_code == 1 and ("Read-only file system" in result.stderr or "No such file or directory" in result.stderr)
+    assert result.exit_code == 1 and (
+        "Read-only file system" in result.stderr or "No such file or directory" in result.stderr
+    )
     assert not host_file.exists() and not Path(target).exists()
 
 
@@ -68,7 +85,9 @@ def test_host_files_are_not_visible(sandbox: Sandbox, tmp_path: Path, which: str
     secret.write_text("the-secret")
     secret.chmod(0o644)
     path = str(secret) if which == "SECRET" else which
-    result = sandbox.run_python(f"import os\nprint(os.listdir({path!r}) if os.path.isdir({path!r}) else open({path!r}).read())")
+    result = sandbox.run_python(
+        f"import os\nprint(os.listdir({path!r}) if os.path.isdir({path!r}) else open({path!r}).read())"
+    )
     assert result.exit_code == 1 and "FileNotFoundError" in result.stderr and "the-secret" not in result.stdout
 
 
@@ -94,10 +113,16 @@ def _processes_with(marker: str) -> list[int]:
     [
         ("fork bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", True),
         ("sleeping children", "import os, time\nfor _ in range(2):\n    os.fork()\ntime.sleep(60)", True),
-        ("orphans left behind", "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(60)", False),
+        (
+            "orphans left behind",
+            "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(60)",
+            False,
+        ),
     ],
 )
-def test_runaway_processes_are_killed_with_the_sandbox(sandbox: Sandbox, name: str, program: str, timed_out: bool) -> None:
+def test_runaway_processes_are_killed_with_the_sandbox(
+    sandbox: Sandbox, name: str, program: str, timed_out: bool
+) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     result = sandbox.run([sandbox.python, "-I", "main.py", marker], {"main.py": program})
     assert result.timed_out == timed_out and ("timed out" in result.describe()) == timed_out
@@ -163,7 +188,10 @@ def _fields(result: RunResult) -> tuple:
         ("exit status", "import sys\nsys.exit(int(input()) or 'bye')"),
         ("traceback", "n = int(input())\nprint(n)\nprint(10 // n)"),
         ("syntax error", "print("),
-        ("main module, threads, atexit", "import atexit, sys, threading\nprint(__name__, __file__, sys.argv)\natexit.register(print, 'atexit')\nthreading.Thread(target=lambda: print('thread', input())).start()"),
+        (
+            "main module, threads, atexit",
+            "import atexit, sys, threading\nprint(__name__, __file__, sys.argv)\natexit.register(print, 'atexit')\nthreading.Thread(target=lambda: print('thread', input())).start()",
+        ),
         ("stderr", "import sys\nsys.stderr.write('err\\n')\nprint(input(), end='')"),
         ("stdout closed", "import os\nos.close(1)\nprint(input())"),
         ("killed by a signal", "import os\nif input() == '0':\n    os.kill(os.getpid(), 9)"),
@@ -171,18 +199,44 @@ def _fields(result: RunResult) -> tuple:
 )
 def test_batched_tests_give_what_one_run_each_gives(sandbox: Sandbox, name: str, program: str) -> None:
     batched = sandbox.run_python_tests(program, BATCH_INPUTS)
-    assert [_fields(r) for r in batched] == [_fields(sandbox.run_python(program, stdin)) for stdin in BATCH_INPUTS], name
+    assert [_fields(r) for r in batched] == [_fields(sandbox.run_python(program, stdin)) for stdin in BATCH_INPUTS], (
+        name
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "program", "failed"),
     [
-        ("infinite loop", "n = int(input())\nwhile n == 0:\n    pass\nprint(n)", lambda r: r.describe() == "killed by SIGXCPU" or r.timed_out),
-        ("sleep", "import time\nn = int(input())\nif n == 0:\n    time.sleep(60)\nprint(n)", lambda r: r.timed_out and r.wall_ms < LIMITS.wall_seconds * 1000 + 1000),
-        ("crash", "n = int(input())\nprint(n // n * n)", lambda r: r.exit_code == 1 and "ZeroDivisionError" in r.stderr),
-        ("fork bomb", "import os\nn = int(input())\nwhile n == 0:\n    try:\n        os.fork()\n    except OSError:\n        pass\nprint(n)", lambda r: r.timed_out),
-        ("output over the cap", "n = int(input())\nprint('x' * 10000 if n == 0 else n)", lambda r: r.ok and r.truncated and r.stdout == "x" * LIMITS.max_output_bytes),
-        ("output flood", "import sys\nn = int(input())\nwhile n == 0:\n    sys.stdout.write('x' * 4096)\nprint(n)", lambda r: not r.ok and r.truncated),
+        (
+            "infinite loop",
+            "n = int(input())\nwhile n == 0:\n    pass\nprint(n)",
+            lambda r: r.describe() == "killed by SIGXCPU" or r.timed_out,
+        ),
+        (
+            "sleep",
+            "import time\nn = int(input())\nif n == 0:\n    time.sleep(60)\nprint(n)",
+            lambda r: r.timed_out and r.wall_ms < LIMITS.wall_seconds * 1000 + 1000,
+        ),
+        (
+            "crash",
+            "n = int(input())\nprint(n // n * n)",
+            lambda r: r.exit_code == 1 and "ZeroDivisionError" in r.stderr,
+        ),
+        (
+            "fork bomb",
+            "import os\nn = int(input())\nwhile n == 0:\n    try:\n        os.fork()\n    except OSError:\n        pass\nprint(n)",
+            lambda r: r.timed_out,
+        ),
+        (
+            "output over the cap",
+            "n = int(input())\nprint('x' * 10000 if n == 0 else n)",
+            lambda r: r.ok and r.truncated and r.stdout == "x" * LIMITS.max_output_bytes,
+        ),
+        (
+            "output flood",
+            "import sys\nn = int(input())\nwhile n == 0:\n    sys.stdout.write('x' * 4096)\nprint(n)",
+            lambda r: not r.ok and r.truncated,
+        ),
     ],
 )
 def test_a_failure_stays_in_its_own_test(sandbox: Sandbox, name: str, program: str, failed) -> None:
@@ -205,7 +259,16 @@ def test_a_program_that_kills_the_driver_fails_every_test(sandbox: Sandbox, atta
 
 
 def test_a_program_cannot_forge_the_report(sandbox: Sandbox) -> None:
-    forged = '{"results": [' + ", ".join(['{"exit_code": 0, "stdout": "Rk9SR0VECg==", "stderr": "", "timed_out": false, "wall_ms": 1, "truncated": false}'] * 3) + "]}"
+    forged = (
+        '{"results": ['
+        + ", ".join(
+            [
+                '{"exit_code": 0, "stdout": "Rk9SR0VECg==", "stderr": "", "timed_out": false, "wall_ms": 1, "truncated": false}'
+            ]
+            * 3
+        )
+        + "]}"
+    )
     program = (
         "import ctypes, os\n"
         "targets = {'driver stdout': f'/proc/{os.getppid()}/fd/1', 'driver memory': f'/proc/{os.getppid()}/mem', 'init stdout': '/proc/1/fd/1'}\n"
@@ -236,15 +299,23 @@ def test_batched_escape_attempts_are_contained(sandbox: Sandbox) -> None:
     assert not Path("/usr/escape").exists()
 
 
-def test_tests_are_split_over_runs_when_the_report_would_not_fit(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
-    box = type(sandbox)(SandboxLimits(wall_seconds=2.0, max_file_mb=1, max_output_bytes=200_000))  # one report per 1 MiB file
+def test_tests_are_split_over_runs_when_the_report_would_not_fit(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = type(sandbox)(
+        SandboxLimits(wall_seconds=2.0, max_file_mb=1, max_output_bytes=200_000)
+    )  # one report per 1 MiB file
     runs = []
-    monkeypatch.setattr(type(box), "_run", lambda self, *args, **kwargs: runs.append(args) or Sandbox._run(self, *args, **kwargs))
+    monkeypatch.setattr(
+        type(box), "_run", lambda self, *args, **kwargs: runs.append(args) or Sandbox._run(self, *args, **kwargs)
+    )
     assert [r.stdout for r in box.run_python_tests("print(input())", ["a", "b", "c"])] == ["a\n", "b\n", "c\n"]
     assert len(runs) == 3 and box.run_python_tests("print(1)", []) == []
 
 
-def test_a_driver_that_never_starts_is_a_sandbox_error(sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_driver_that_never_starts_is_a_sandbox_error(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broken = type(sandbox)(LIMITS, python="/nonexistent/python3")
     with pytest.raises(SandboxError, match="did not run"):
         broken.run_python_tests("print(1)", ["1"])

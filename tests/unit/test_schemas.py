@@ -49,16 +49,30 @@ AVSC = {path.stem: json.loads(path.read_text()) for path in sorted(SCHEMA_DIR.gl
 
 def trajectory(region: str = "eu-west", hardware: str = "cpu") -> Trajectory:
     return Trajectory(
-        trajectory_id="traj-1", episode_id="ep-1", group_id="grp-1", task_id="task-1", prompt_id="p-1",
-        policy="solver", workflow="math",
+        trajectory_id="traj-1",
+        episode_id="ep-1",
+        group_id="grp-1",
+        task_id="task-1",
+        prompt_id="p-1",
+        policy="solver",
+        workflow="math",
         prompt_ids=np.array([1, 2, 3], dtype=np.int32),
         response_ids=np.array([70000, -1], dtype=np.int32),
         behaviour_logprobs=np.array([-0.5, -0.25], dtype=np.float32),
         token_versions=np.array([3, 4], dtype=np.int32),
         loss_mask=np.array([1, 0], dtype=np.uint8),
-        reward=1.0, reward_components={"correct": 1.0}, turns=[Turn("policy", 0, 1, 3), Turn("tool", 1, 2, 4)],
-        response_text="42", finish_reason="stop", group_size=4, producer_id="rollout-0",
-        region=region, hardware=hardware, generate_ms=12.5, reward_ms=0.5, created_ms=1_700_000_000_000,
+        reward=1.0,
+        reward_components={"correct": 1.0},
+        turns=[Turn("policy", 0, 1, 3), Turn("tool", 1, 2, 4)],
+        response_text="42",
+        finish_reason="stop",
+        group_size=4,
+        producer_id="rollout-0",
+        region=region,
+        hardware=hardware,
+        generate_ms=12.5,
+        reward_ms=0.5,
+        created_ms=1_700_000_000_000,
     )
 
 
@@ -69,10 +83,34 @@ SAMPLES: dict[str, Any] = {
     "TrainSample": TrainSample("s-1", trajectory(), -0.75, 9, ["staleness", "grpo"], True, 5),
     "TensorSpec": TensorSpec("layer.0.weight", "bfloat16", [2, 3], 0, 12),
     "WeightChunk": WeightChunk(
-        "solver", 2, -1, "full", "manifest", -1, 1, 12, "ab" * 32,
-        tensors=[TensorSpec("w", "float32", [3], 0, 12, "raw")], store_uri="file:///tmp/w", created_ms=6,
+        "solver",
+        2,
+        -1,
+        "full",
+        "manifest",
+        -1,
+        1,
+        12,
+        "ab" * 32,
+        tensors=[TensorSpec("w", "float32", [3], 0, 12, "raw")],
+        store_uri="file:///tmp/w",
+        created_ms=6,
     ),
-    "PromptStats": PromptStats("p-1", "grp-1", "math", "solver", 3, 4, 0.5, 0.25, 0.75, False, "zero_variance: all rewards equal", 7, ["traj-1", "traj-2"]),
+    "PromptStats": PromptStats(
+        "p-1",
+        "grp-1",
+        "math",
+        "solver",
+        3,
+        4,
+        0.5,
+        0.25,
+        0.75,
+        False,
+        "zero_variance: all rewards equal",
+        7,
+        ["traj-1", "traj-2"],
+    ),
     "Metric": Metric("trainer.solver", "loss", -0.125, 3, 8, {"policy": "solver"}),
     "DeadLetter": DeadLetter("stream", "bad bytes", "SchemaError", "run.trajectories.x", 0, 17, b"k", b"\x00\xff", 9),
 }
@@ -287,8 +325,13 @@ def test_log_store_names_the_topic_for_an_unknown_fingerprint(tmp_path: Path) ->
 
 def test_unshipped_record_type_decodes_only_to_a_dict() -> None:
     store = SchemaStore.packaged()
-    schema = {"type": "record", "name": "Extra", "namespace": "astraflow", "doc": "x",
-              "fields": [{"name": "blob", "type": "bytes", "doc": "x"}]}
+    schema = {
+        "type": "record",
+        "name": "Extra",
+        "namespace": "astraflow",
+        "doc": "x",
+        "fields": [{"name": "blob", "type": "bytes", "doc": "x"}],
+    }
     fp = store.add(schema)
     buf = io.BytesIO()
     buf.write(b"\xc3\x01" + fp)
@@ -440,13 +483,19 @@ def test_per_token_arrays_are_packed_bytes(name: str, field: str, logical: str) 
     assert "packed" in spec["doc"]
 
 
-
 # --- kept bytes: a TrainSample copies the Trajectory it was decoded from -------------------------
 
 
 def sample_of(traj: Trajectory) -> TrainSample:
-    return TrainSample(sample_id="s/1", trajectory=traj, advantage=-0.5, deadline_version=4, operators=["grpo", "zero_variance"],
-                       replayed=True, created_ms=99)
+    return TrainSample(
+        sample_id="s/1",
+        trajectory=traj,
+        advantage=-0.5,
+        deadline_version=4,
+        operators=["grpo", "zero_variance"],
+        replayed=True,
+        created_ms=99,
+    )
 
 
 def test_a_kept_trajectory_is_copied_byte_for_byte_into_its_sample() -> None:
@@ -457,7 +506,13 @@ def test_a_kept_trajectory_is_copied_byte_for_byte_into_its_sample() -> None:
     assert spliced == codec.encode(sample_of(plain))  # what encoding every field gives
     assert data[10:] in spliced
     decoded = codec.decode(spliced, expect=TrainSample)
-    assert (decoded.sample_id, decoded.advantage, decoded.operators, decoded.replayed, decoded.created_ms) == ("s/1", -0.5, ["grpo", "zero_variance"], True, 99)
+    assert (decoded.sample_id, decoded.advantage, decoded.operators, decoded.replayed, decoded.created_ms) == (
+        "s/1",
+        -0.5,
+        ["grpo", "zero_variance"],
+        True,
+        99,
+    )
     assert_same(decoded.trajectory, SAMPLES["Trajectory"])
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.tasks.search.env import USAGE, SearchEnv
-from astraflow.schemas.records import RolloutTask
-from astraflow.tasks.search.facts import CORPUS_FILE, VALUES, fact_problems, synthetic_facts, write_corpus
 from astraflow.envs.calls import ToolCall, parse_call
+from astraflow.schemas.records import RolloutTask
+from astraflow.tasks.search.env import USAGE, SearchEnv
+from astraflow.tasks.search.facts import CORPUS_FILE, VALUES, fact_problems, synthetic_facts, write_corpus
 from astraflow.tasks.search.index import SearchIndex, SearchIndexError, build_index, query_terms
 
 

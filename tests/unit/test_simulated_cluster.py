@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.training.learner import build_backend
-from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
-from astraflow.training.step import PolicyExample, PolicyStepConfig
+from astraflow.engines import build_engine
+from astraflow.engines.simulated import DecodeTimeModel, ResponseLengths, SimulatedEngine, arithmetic_answer
 from astraflow.errors import ConfigError
 from astraflow.launch.launcher import plan
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
-from astraflow.engines import build_engine
-from astraflow.engines.simulated import DecodeTimeModel, ResponseLengths, SimulatedEngine, arithmetic_answer
 from astraflow.tasks.arithmetic import extract_answer
+from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
+from astraflow.training.learner import build_backend
+from astraflow.training.step import PolicyExample, PolicyStepConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "simulated_cluster.yaml"
 SMALL = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -90,7 +90,9 @@ def test_simulated_engine_returns_shaped_responses_after_the_modelled_time(accur
     groups = engine.generate(["12+35=", "1+2=3?"], n=64, max_new_tokens=100, temperature=1.0)
     rows = [g for group in groups for g in group]
     assert all(len(g.response_ids) == len(g.logprobs) <= 100 and (g.logprobs <= 0).all() for g in rows)
-    assert all((g.response_ids[-1] == 1) == (g.finish_reason == "stop") for g in rows)  # eos id 1 ends a stopped response
+    assert all(
+        (g.response_ids[-1] == 1) == (g.finish_reason == "stop") for g in rows
+    )  # eos id 1 ends a stopped response
     assert {g.finish_reason for g in rows} == {"stop", "length"}  # p99 = 320 tokens: some hit the budget
     right = np.mean([extract_answer(g.text) == ("47" if i < 64 else "3") for i, g in enumerate(rows)])
     assert right == pytest.approx(accuracy, abs=0.12)
@@ -108,9 +110,15 @@ def test_simulated_engine_takes_load_seconds_to_apply_a_version() -> None:
 
 @pytest.mark.parametrize(
     ("samples", "tokens", "devices", "seconds"),
-    [(256, 1000, 2, 1.0 + 256 * (0.01 + 1000 * 0.0002) / 2), (512, 1000, 2, 1.0 + 512 * (0.01 + 0.2) / 2), (256, 1000, 8, 1.0 + 256 * 0.21 / 8)],
+    [
+        (256, 1000, 2, 1.0 + 256 * (0.01 + 1000 * 0.0002) / 2),
+        (512, 1000, 2, 1.0 + 512 * (0.01 + 0.2) / 2),
+        (256, 1000, 8, 1.0 + 256 * 0.21 / 8),
+    ],
 )
-def test_train_step_time_scales_with_samples_tokens_and_devices(samples: int, tokens: int, devices: int, seconds: float) -> None:
+def test_train_step_time_scales_with_samples_tokens_and_devices(
+    samples: int, tokens: int, devices: int, seconds: float
+) -> None:
     model = TrainTimeModel(step_seconds=1.0, sample_seconds=0.01, token_seconds=0.0002, devices=devices)
     assert model.seconds([tokens] * samples) == pytest.approx(seconds)
 
@@ -121,7 +129,13 @@ def test_simulated_learner_sleeps_its_step_and_leaves_the_weights() -> None:
     slept: list[float] = []
     backend = SimulatedBackend(model, TrainTimeModel(0.5, 0.0, 0.001, 2), sleep=slept.append)
     learner = SimulatedLearner(model, 0, PolicyStepConfig(), backend)
-    example = PolicyExample(np.arange(6, dtype=np.int32), np.arange(94, dtype=np.int32), np.zeros(94, np.float32), np.ones(94, np.uint8), 1.0)
+    example = PolicyExample(
+        np.arange(6, dtype=np.int32),
+        np.arange(94, dtype=np.int32),
+        np.zeros(94, np.float32),
+        np.ones(94, np.uint8),
+        1.0,
+    )
     stats = learner.step([example] * 10)
     assert isinstance(learner, SimulatedLearner) and (learner.version, stats.version, stats.sequences) == (1, 1, 10)
     assert slept == [pytest.approx(0.5 + 10 * 100 * 0.001 / 2)] and stats.loss_stats["simulated_seconds"] == slept[0]
@@ -134,9 +148,18 @@ def test_simulated_engine_and_backend_are_chosen_by_config(tmp_path: Path) -> No
     checkpoint = create_tiny_checkpoint(tmp_path / "policy", SMALL)
     verifier = config.for_policy("verifier")
     engine = build_engine(verifier.engine, checkpoint)
-    assert isinstance(engine, SimulatedEngine) and engine.options.median_tokens == 300 and engine.options.time_scale == 0.1
-    backend = build_backend(verifier.train.backend, build_tiny_model(build_char_tokenizer(), SMALL), lr=1e-3, betas=(0.9, 0.99),
-                            weight_decay=0.0, max_grad_norm=1.0, simulated=verifier.train.simulated)
+    assert (
+        isinstance(engine, SimulatedEngine) and engine.options.median_tokens == 300 and engine.options.time_scale == 0.1
+    )
+    backend = build_backend(
+        verifier.train.backend,
+        build_tiny_model(build_char_tokenizer(), SMALL),
+        lr=1e-3,
+        betas=(0.9, 0.99),
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        simulated=verifier.train.simulated,
+    )
     assert isinstance(backend, SimulatedBackend) and backend.time_model.devices == 2
 
 
@@ -144,7 +167,9 @@ def test_per_policy_engine_overrides_merge_field_by_field_and_survive_saving(tmp
     config = load_config(EXAMPLE)
     solver, verifier = config.for_policy("solver").engine.simulated, config.for_policy("verifier").engine.simulated
     assert (solver.median_tokens, verifier.median_tokens, verifier.accuracy) == (600, 300, 0.7)
-    assert verifier.decode_step_seconds == solver.decode_step_seconds and verifier.time_scale == solver.time_scale == 0.1
+    assert (
+        verifier.decode_step_seconds == solver.decode_step_seconds and verifier.time_scale == solver.time_scale == 0.1
+    )
     dump_config(config, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == config
 
@@ -161,8 +186,14 @@ def test_a_simulated_run_starts_no_evaluator() -> None:
         ({"engine": {"simulated": {"accuracy": 1.5}}}, "engine.simulated.accuracy"),
         ({"train": {"simulated": {"devices": 0}}}, "train.simulated.devices"),
         ({"train": {"simulated": {"time_scale": 0}}}, "train.simulated.time_scale"),
-        ({"engine": {"type": "simulated", "simulated": {"time_scale": 0.1}}, "train": {"backend": "simulated"}}, "must be equal"),
-        ({"policies": {"a": {"engine": {"simulated": {"median_tokens": 0}}}}}, "policies.a.engine.simulated.median_tokens"),
+        (
+            {"engine": {"type": "simulated", "simulated": {"time_scale": 0.1}}, "train": {"backend": "simulated"}},
+            "must be equal",
+        ),
+        (
+            {"policies": {"a": {"engine": {"simulated": {"median_tokens": 0}}}}},
+            "policies.a.engine.simulated.median_tokens",
+        ),
     ],
 )
 def test_bad_simulation_config_names_the_field(raw: dict, names: str) -> None:

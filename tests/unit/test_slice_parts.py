@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from astraflow.config import load_config, parse_config
-from astraflow.training.checkpoint import CheckpointStore, TrainerState
 from astraflow.consumers.trainer import BatchAssembler
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError
@@ -17,6 +16,7 @@ from astraflow.log import Message
 from astraflow.producers.feeder import TaskFeeder
 from astraflow.schemas.records import TrainSample
 from astraflow.tasks.base import Problem
+from astraflow.training.checkpoint import CheckpointStore, TrainerState
 from tests.unit.test_stream_operators import traj
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
@@ -54,7 +54,11 @@ def test_bad_yaml_is_a_config_error(tmp_path: Path) -> None:
 
 @pytest.fixture
 def ctx(tmp_path: Path):
-    context = ComponentContext(parse_config({"rollout": {"group_size": 8}, "train": {"batch_samples": 256}, "stream": {"max_staleness": 2}}), tmp_path, "feed")
+    context = ComponentContext(
+        parse_config({"rollout": {"group_size": 8}, "train": {"batch_samples": 256}, "stream": {"max_staleness": 2}}),
+        tmp_path,
+        "feed",
+    )
     yield context
     context.close()
 

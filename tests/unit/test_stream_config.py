@@ -32,7 +32,12 @@ def test_yaml_pipeline_builds_in_order(tmp_path: Path) -> None:
     config = load_config(path)
     pipeline = build_pipeline(config.stream)
     assert [op.name for op in pipeline.operators] == [
-        "staleness", "response_length", "duplicate", "reward_norm", "rloo", "zero_variance",
+        "staleness",
+        "response_length",
+        "duplicate",
+        "reward_norm",
+        "rloo",
+        "zero_variance",
     ]
     assert [m.name for m in pipeline.mixers] == ["replay"] and pipeline.ordering.name == "edf"
     assert pipeline.max_staleness == 4 and pipeline.operators[0].max_staleness == 4
@@ -74,18 +79,30 @@ GRPO = {"op": "grpo"}
         (pipeline(GRPO, {"op": "replay", "ratio": 0.95}), "stream.pipeline.1.replay.ratio"),
         (pipeline(GRPO, {"op": "replay", "selector": "oldest"}), "stream.pipeline.1.replay.selector"),
         (pipeline({"op": "staleness", "max_staleness": -1}, GRPO), "stream.pipeline.0.staleness.max_staleness"),
-        (pipeline(GRPO, {"op": "response_length", "min_tokens": 9, "max_tokens": 3}), "max_tokens (3) is below min_tokens (9)"),
+        (
+            pipeline(GRPO, {"op": "response_length", "min_tokens": 9, "max_tokens": 3}),
+            "max_tokens (3) is below min_tokens (9)",
+        ),
         (pipeline(GRPO, {"op": "reward_range"}), "stream.pipeline.1.reward_range: Value error, set low, high or both"),
         (pipeline({"op": "zero_variance"}), "stream: Value error, pipeline: needs exactly one advantage operator"),
-        (pipeline(GRPO, {"op": "rloo"}), "needs exactly one advantage operator (grpo, dr_grpo, rloo, reinforce_pp, sft), got ['grpo', 'rloo']"),
+        (
+            pipeline(GRPO, {"op": "rloo"}),
+            "needs exactly one advantage operator (grpo, dr_grpo, rloo, reinforce_pp, sft), got ['grpo', 'rloo']",
+        ),
         (pipeline(GRPO, {"op": "reward_norm"}), "reward_norm must come before grpo"),
         (pipeline({"op": "edf"}, GRPO), "group operators first, then mixers, then one ordering"),
         (pipeline(GRPO, {"op": "fifo"}, {"op": "edf"}), "at most one ordering"),
         (pipeline(GRPO, {"op": "duplicate"}, {"op": "duplicate"}), "operator 'duplicate' appears 2 times"),
-        ({"stream": {"drop_zero_variance": False, "pipeline": [GRPO]}}, "drop_zero_variance: only for the default pipeline"),
+        (
+            {"stream": {"drop_zero_variance": False, "pipeline": [GRPO]}},
+            "drop_zero_variance: only for the default pipeline",
+        ),
         ({"stream": {"advantage": "ppo"}}, "stream.advantage"),
         ({"stream": {"curator": {"type": "top_k"}}}, "stream.curator: Input tag 'top_k'"),
-        ({"stream": {"curator": {"type": "filter_solved", "threshold": 1.5}}}, "stream.curator.filter_solved.threshold"),
+        (
+            {"stream": {"curator": {"type": "filter_solved", "threshold": 1.5}}},
+            "stream.curator.filter_solved.threshold",
+        ),
         ({"stream": {"curator": {"type": "greso", "p_easy": 0.01}}}, "need p_min (0.05) <= p_easy, p_hard <= p_max"),
     ],
 )
@@ -96,7 +113,9 @@ def test_bad_stream_config_names_the_field(raw: dict, names: str) -> None:
 
 
 def test_offline_source_builds_a_mixer() -> None:
-    stream = parse_config(pipeline(GRPO, {"op": "offline", "topic": "old.trajectories.main", "weight": 0.2, "loop": True})).stream
+    stream = parse_config(
+        pipeline(GRPO, {"op": "offline", "topic": "old.trajectories.main", "weight": 0.2, "loop": True})
+    ).stream
     (mixer,) = build_pipeline(stream).offline
     assert (mixer.topic, mixer.weight, mixer.loop, mixer.source) == ("old.trajectories.main", 0.2, True, None)
 

@@ -12,6 +12,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from astraflow.config import StreamConfig, parse_config
+from astraflow.config.pipeline import OperatorSpec
 from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition
 from astraflow.schemas.records import Metric, TrainSample, Trajectory
@@ -34,15 +35,24 @@ from astraflow.streams.native import NativeStreamProcessor
 from astraflow.streams.operators import OPERATORS, Group, GroupBuffer, validate
 from astraflow.streams.ordering import EdfOrdering, FifoOrdering
 from astraflow.streams.pipeline import build_pipeline
-from astraflow.config.pipeline import OperatorSpec
 
 
 def traj(group: str, index: int, reward: float, version: int = 0, size: int = 4, n: int = 3) -> Trajectory:
     return Trajectory(
-        trajectory_id=f"{group}/{index}", episode_id=f"{group}/{index}", group_id=group, task_id=group, prompt_id="p",
-        policy="main", workflow="math", prompt_ids=np.arange(3, dtype=np.int32), response_ids=np.arange(n, dtype=np.int32),
-        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32), token_versions=np.full(n, version, dtype=np.int32),
-        loss_mask=np.ones(n, dtype=np.uint8), reward=reward, group_size=size,
+        trajectory_id=f"{group}/{index}",
+        episode_id=f"{group}/{index}",
+        group_id=group,
+        task_id=group,
+        prompt_id="p",
+        policy="main",
+        workflow="math",
+        prompt_ids=np.arange(3, dtype=np.int32),
+        response_ids=np.arange(n, dtype=np.int32),
+        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32),
+        token_versions=np.full(n, version, dtype=np.int32),
+        loss_mask=np.ones(n, dtype=np.uint8),
+        reward=reward,
+        group_size=size,
     )
 
 
@@ -186,7 +196,9 @@ def test_reward_norm_feeds_the_advantage_but_not_the_feedback() -> None:
     pipeline = build_pipeline(parse_config({"stream": {"pipeline": [{"op": "reward_norm"}, {"op": "dr_grpo"}]}}).stream)
     g = group("g", [1, 0, 0, 0])
     assert pipeline.process(g, 0) is None
-    np.testing.assert_allclose(g.advantages, [0.75 / (R3 / 4), -0.25 / (R3 / 4), -0.25 / (R3 / 4), -0.25 / (R3 / 4)], atol=1e-5)
+    np.testing.assert_allclose(
+        g.advantages, [0.75 / (R3 / 4), -0.25 / (R3 / 4), -0.25 / (R3 / 4), -0.25 / (R3 / 4)], atol=1e-5
+    )
     assert g.operators == ["reward_norm", "dr_grpo"]
 
 
@@ -266,16 +278,26 @@ def test_replay_ratio_holds_in_every_batch(selector: str, ratio: float) -> None:
 
 
 def test_uniform_replay_is_seeded() -> None:
-    runs = [[g.group_id for g in replayed_shares(ReplayMixer(0.5, 8, "uniform", seed), 200, 4, 64)[1]] for seed in (1, 1, 2)]
+    runs = [
+        [g.group_id for g in replayed_shares(ReplayMixer(0.5, 8, "uniform", seed), 200, 4, 64)[1]] for seed in (1, 1, 2)
+    ]
     assert runs[0] == runs[1] != runs[2]
 
 
 def test_pipeline_emits_replays_in_edf_order_with_provenance() -> None:
     stream = parse_config(
-        {"stream": {"max_staleness": 3, "pipeline": [
-            {"op": "staleness"}, {"op": "grpo"}, {"op": "zero_variance"},
-            {"op": "replay", "ratio": 0.5, "capacity": 4}, {"op": "edf"},
-        ]}}
+        {
+            "stream": {
+                "max_staleness": 3,
+                "pipeline": [
+                    {"op": "staleness"},
+                    {"op": "grpo"},
+                    {"op": "zero_variance"},
+                    {"op": "replay", "ratio": 0.5, "capacity": 4},
+                    {"op": "edf"},
+                ],
+            }
+        }
     ).stream
     pipeline = build_pipeline(stream)
     assert pipeline.max_staleness == 3 and stream.replay_ratio == 0.5
@@ -297,7 +319,7 @@ def test_offline_share_holds_in_every_batch(weight: float) -> None:
             mixer.feed(replace(group(f"o{len(emitted)}-{mixer.demand(size)}", [0, 1, 0, 1]), origin="#offline0"))
         emitted += [fresh, *mixer.mix(fresh)]
     samples = [g.reused for g in emitted for _ in range(size)]
-    shares = [sum(samples[i:i + batch]) / batch for i in range(0, len(samples) - batch + 1, batch)]
+    shares = [sum(samples[i : i + batch]) / batch for i in range(0, len(samples) - batch + 1, batch)]
     assert all(abs(share - weight) <= size / batch + 1e-9 for share in shares), shares
     offline = next(g for g in emitted if g.reused)
     assert offline.sample_id(offline.trajectories[0]).endswith("#offline0")
@@ -327,7 +349,13 @@ def test_every_operator_spec_builds_its_registered_class() -> None:
 
 @pytest.fixture
 def ctx(tmp_path: Path):
-    pipeline = [{"op": "staleness"}, {"op": "rloo"}, {"op": "zero_variance"}, {"op": "replay", "ratio": 0.5}, {"op": "fifo"}]
+    pipeline = [
+        {"op": "staleness"},
+        {"op": "rloo"},
+        {"op": "zero_variance"},
+        {"op": "replay", "ratio": 0.5},
+        {"op": "fifo"},
+    ]
     context = ComponentContext(parse_config({"stream": {"max_staleness": 1, "pipeline": pipeline}}), tmp_path, "stream")
     yield context
     context.close()
@@ -353,7 +381,12 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
     ctx.producer.flush()
     samples = read_all(ctx, ctx.topics.samples("main"), TrainSample)
     assert sorted((s.sample_id, s.replayed) for s in samples) == [
-        ("a/0", False), ("a/0#replay1", True), ("a/1", False), ("a/1#replay1", True), ("d/0", False), ("d/1", False),
+        ("a/0", False),
+        ("a/0#replay1", True),
+        ("a/1", False),
+        ("a/1#replay1", True),
+        ("d/0", False),
+        ("d/1", False),
     ]
     assert {tuple(s.operators) for s in samples} == {("staleness", "rloo", "zero_variance", "replay", "fifo")}
     assert {s.sample_id: s.advantage for s in samples}["a/0"] == pytest.approx(1.0)  # RLOO of [1, 0]: 1 - 0
@@ -366,7 +399,9 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
 
 @pytest.mark.parametrize("ratio", [0.0, 0.1, 0.3, 0.5, 0.75, 0.9])
 @pytest.mark.parametrize(("batch", "group_size"), [(512, 8), (256, 8), (64, 4), (100, 6), (32, 16)])
-def test_the_feeders_fresh_groups_fill_every_lockstep_batch_and_no_more(batch: int, group_size: int, ratio: float) -> None:
+def test_the_feeders_fresh_groups_fill_every_lockstep_batch_and_no_more(
+    batch: int, group_size: int, ratio: float
+) -> None:
     """In lockstep the feeder releases each batch's fresh groups once the trainer published the
     previous version; with what the replay mixer adds they must reach every batch, the first
     included, or the run waits for ever, and the surplus must not grow, or the trainer's backlog

@@ -50,14 +50,28 @@ def recorded_samples(count: int, seed: int = 7) -> list[TrainSample]:
             length = int(rng.integers(1, 5))
             response = np.append(rng.integers(3, 13, size=length - 1), tokenizer.eos_token_id).astype(np.int32)
             trajectory = Trajectory(
-                trajectory_id=f"g{group}/{member}", episode_id=f"g{group}/{member}", group_id=f"g{group}",
-                task_id=f"g{group}", prompt_id=f"p{group}", policy="main", workflow="math", prompt_ids=prompt,
-                response_ids=response, behaviour_logprobs=rng.uniform(-3.0, -0.1, size=length).astype(np.float32),
-                token_versions=np.zeros(length, dtype=np.int32), loss_mask=np.ones(length, dtype=np.uint8),
-                reward=float(rewards[member]), reward_components={"correct": float(rewards[member])},
-                response_text="", group_size=GROUP, producer_id="recorded", created_ms=1,
+                trajectory_id=f"g{group}/{member}",
+                episode_id=f"g{group}/{member}",
+                group_id=f"g{group}",
+                task_id=f"g{group}",
+                prompt_id=f"p{group}",
+                policy="main",
+                workflow="math",
+                prompt_ids=prompt,
+                response_ids=response,
+                behaviour_logprobs=rng.uniform(-3.0, -0.1, size=length).astype(np.float32),
+                token_versions=np.zeros(length, dtype=np.int32),
+                loss_mask=np.ones(length, dtype=np.uint8),
+                reward=float(rewards[member]),
+                reward_components={"correct": float(rewards[member])},
+                response_text="",
+                group_size=GROUP,
+                producer_id="recorded",
+                created_ms=1,
             )
-            samples.append(TrainSample(f"s{group}/{member}", trajectory, float(advantages[member]), 0, ["grpo"], created_ms=1))
+            samples.append(
+                TrainSample(f"s{group}/{member}", trajectory, float(advantages[member]), 0, ["grpo"], created_ms=1)
+            )
     return samples
 
 
@@ -94,7 +108,10 @@ def train_reference(tmp_path: Path) -> dict[str, object]:
     finally:
         ctx.close()
     losses = [m.value for m in sorted(metrics, key=lambda m: m.step) if m.name == "train.loss"]
-    norms = {name: [float(t.double().sum()), float(t.double().norm())] for name, t in trainer.learner.model.state_dict().items()}
+    norms = {
+        name: [float(t.double().sum()), float(t.double().norm())]
+        for name, t in trainer.learner.model.state_dict().items()
+    }
     return {"losses": losses, "weights_sha256": digests, "final_sum_norm": norms}
 
 

@@ -25,7 +25,9 @@ SMALL = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_si
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
+    return tensor.reshape(-1).view(
+        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    )
 
 
 def assert_bit_exact(received: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -53,8 +55,15 @@ def perturbed(state: dict[str, torch.Tensor], fraction: float, seed: int) -> dic
 def random_state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     embed = torch.randn(300, 64, generator=g)
-    return {"embed.weight": embed, "lm_head.weight": embed, "norm.weight": torch.ones(64), "bias": torch.zeros(5),
-            "step": torch.tensor([seed]), "scalar": torch.tensor(0.5), "empty": torch.zeros(0, 3)}
+    return {
+        "embed.weight": embed,
+        "lm_head.weight": embed,
+        "norm.weight": torch.ones(64),
+        "bias": torch.zeros(5),
+        "step": torch.tensor([seed]),
+        "scalar": torch.tensor(0.5),
+        "empty": torch.zeros(0, 3),
+    }
 
 
 # --- tensor-level encodings ---------------------------------------------------------------------
@@ -93,18 +102,34 @@ BIG_STEPS = np.array([300, -1000, 8, -8, 32767])
         (np.arange(10_000), 10_000, 1, "bitmap+d4"),  # fully changed by one ulp: 4.1 bits per element beat 16
         (np.arange(0, 10_000, 20), 10_000, 1, "gap8+d4"),
         (np.arange(0, 10_000, 20), 10_000, 300, "gap8"),  # differences too large for 4 bits
-        (np.r_[np.arange(0, 5_000, 20), 9_000], 10_000, -1, "gap8+d4"),  # one gap past 255 takes escapes, not a wider type
+        (
+            np.r_[np.arange(0, 5_000, 20), 9_000],
+            10_000,
+            -1,
+            "gap8+d4",
+        ),  # one gap past 255 takes escapes, not a wider type
         (np.arange(0, 100_000, 1_000), 100_000, 1, "gap16+d4"),
         (np.array([3, 250_000, 499_999]), 500_000, 300, "gap32"),
         (np.arange(0, 10_000, 2), 10_000, 1, "bitmap+d4"),
-        (np.arange(0, 10_000, 8), 10_000, 1, "bitmap+d4"),  # sparse enough to scan for indices, yet a bitmap is as small
+        (
+            np.arange(0, 10_000, 8),
+            10_000,
+            1,
+            "bitmap+d4",
+        ),  # sparse enough to scan for indices, yet a bitmap is as small
         (np.arange(0, 10_000, 2), 10_000, np.resize(BIG_STEPS, 5_000), "bitmap"),
-        (np.arange(0, 10_000, 20), 10_000, np.resize(np.r_[1, -1, 7, -7, 1, 2, 3, BIG_STEPS], 500), "gap8+d4"),  # some escapes
+        (
+            np.arange(0, 10_000, 20),
+            10_000,
+            np.resize(np.r_[1, -1, 7, -7, 1, 2, 3, BIG_STEPS], 500),
+            "gap8+d4",
+        ),  # some escapes
     ],
 )
 @pytest.mark.parametrize("scan", [1 << 20, 999])  # changes found in one slice, or across many
-def test_each_encoding_is_chosen_and_round_trips(monkeypatch: pytest.MonkeyPatch, positions: np.ndarray, n: int, by: object,
-                                                 encoding: str, scan: int) -> None:
+def test_each_encoding_is_chosen_and_round_trips(
+    monkeypatch: pytest.MonkeyPatch, positions: np.ndarray, n: int, by: object, encoding: str, scan: int
+) -> None:
     import astraflow.weights.delta as delta
 
     monkeypatch.setattr(delta, "SCAN_ELEMENTS", scan)
@@ -167,9 +192,17 @@ def test_a_small_step_costs_about_twelve_bits_per_change() -> None:
 
 @pytest.mark.parametrize(
     ("problem", "encoding"),
-    [("truncated", "gap8"), ("index past the end", "gap8"), ("wrong count", "gap8"), ("ends in an escape", "gap8"),
-     ("truncated", "gap8+d4"), ("wrong count", "gap8+d4"), ("wrong escape count", "gap8+d4"), ("unknown", "gap8+d9"),
-     ("bits past the end", "bitmap")],
+    [
+        ("truncated", "gap8"),
+        ("index past the end", "gap8"),
+        ("wrong count", "gap8"),
+        ("ends in an escape", "gap8"),
+        ("truncated", "gap8+d4"),
+        ("wrong count", "gap8+d4"),
+        ("wrong escape count", "gap8+d4"),
+        ("unknown", "gap8+d9"),
+        ("bits past the end", "bitmap"),
+    ],
 )
 def test_malformed_delta_sections_are_refused(problem: str, encoding: str) -> None:
     positions = np.arange(1, 1_000, 2) if encoding == "bitmap" else np.arange(5, 1_000, 40)
@@ -428,6 +461,14 @@ def test_weights_config_is_checked_at_load_time(settings: dict, field: str) -> N
 
 
 def test_weights_config_accepts_a_store_and_larger_chunks(tmp_path: Path) -> None:
-    weights = parse_config({"weights": {"transport": "store", "store": tmp_path.as_uri(), "chunk_bytes": 32 * 1024 * 1024,
-                                        "keep_versions": 2}}).weights
+    weights = parse_config(
+        {
+            "weights": {
+                "transport": "store",
+                "store": tmp_path.as_uri(),
+                "chunk_bytes": 32 * 1024 * 1024,
+                "keep_versions": 2,
+            }
+        }
+    ).weights
     assert (weights.transport, weights.store, weights.keep_versions) == ("store", tmp_path.as_uri(), 2)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
-from astraflow.config import WeightsConfig
-from astraflow.training.step import collate, response_logprobs
 from astraflow.basemodel.sft import answer_examples
-from astraflow.log import open_log
+from astraflow.config import WeightsConfig
 from astraflow.evaluation.heldout import evaluate_exact_match
+from astraflow.log import open_log
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.schemas.codec import Codec
 from astraflow.tasks.arithmetic import addition_problems
 from astraflow.topics import RunTopics
+from astraflow.training.step import collate, response_logprobs
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import to_transfer
 from astraflow.weights.publish import WeightPublisher
@@ -60,14 +60,21 @@ def test_deltas_reach_the_accuracy_of_full_versions_bit_for_bit(tmp_path: Path) 
     heldout_batch = collate(answer_examples(tokenizer, heldout), tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0)
     order = random.Random(0)
-    configs = {"delta": WeightsConfig(full_sync_interval=10, keep_versions=3),
-               "full": WeightsConfig(encoding="full", transport="store", store=str(tmp_path / "store"))}
+    configs = {
+        "delta": WeightsConfig(full_sync_interval=10, keep_versions=3),
+        "full": WeightsConfig(encoding="full", transport="store", store=str(tmp_path / "store")),
+    }
     topics = RunTopics("slice", "math", tuple(configs))
     scores: dict[str, list[tuple[float, float]]] = {"delta": [], "full": [], "trainer": []}
     with open_log("embedded", path=tmp_path / "log.sqlite") as log, log.producer() as producer:
         topics.ensure(log, partitions=1)
-        publishers = {name: WeightPublisher(producer, Codec(), topics.weights(name), name, config, log=log) for name, config in configs.items()}
-        followers = {name: WeightFollower(log, topics.weights(name), payload=True, poll_timeout=0.05).start() for name in configs}
+        publishers = {
+            name: WeightPublisher(producer, Codec(), topics.weights(name), name, config, log=log)
+            for name, config in configs.items()
+        }
+        followers = {
+            name: WeightFollower(log, topics.weights(name), payload=True, poll_timeout=0.05).start() for name in configs
+        }
         encodings = []
         try:
             for version in range(STEPS + 1):

@@ -34,7 +34,9 @@ def version_dirs(root: Path) -> list[Path]:
 @pytest.mark.parametrize("as_uri", [False, True])
 def test_store_round_trip_puts_only_manifests_on_the_log(tmp_path: Path, as_uri: bool) -> None:
     root = tmp_path / "store"
-    config = WeightsConfig(transport="store", store=root.as_uri() if as_uri else str(root), chunk_bytes=4096, full_sync_interval=3)
+    config = WeightsConfig(
+        transport="store", store=root.as_uri() if as_uri else str(root), chunk_bytes=4096, full_sync_interval=3
+    )
     states = [perturbed(random_state(1), 0.02, seed=v) for v in range(5)]
     with open_weights_log(tmp_path) as log, log.producer() as producer:
         publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config)
@@ -59,8 +61,13 @@ def test_a_damaged_stored_version_is_never_applied(tmp_path: Path, damage: str) 
     root = tmp_path / "store"
     states = [perturbed(random_state(1), 0.02, seed=v) for v in range(5)]
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", WeightsConfig(transport="store", store=str(root), chunk_bytes=4096,
-                                                                                  full_sync_interval=3))
+        publisher = WeightPublisher(
+            producer,
+            Codec(),
+            TOPIC,
+            "main",
+            WeightsConfig(transport="store", store=str(root), chunk_bytes=4096, full_sync_interval=3),
+        )
         for version in range(3):  # full 0, delta 1 (damaged), delta 2
             publisher.publish(states[version], version)
         folder = version_dirs(root)[1]

@@ -22,7 +22,12 @@ def state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     embed = torch.randn(300, 200, generator=g)
     # lm_head shares the embedding's storage, as in tied-embedding models
-    return {"a.weight": embed, "lm_head.weight": embed, "b.bias": torch.randn(7, generator=g), "c.step": torch.tensor([seed])}
+    return {
+        "a.weight": embed,
+        "lm_head.weight": embed,
+        "b.bias": torch.randn(7, generator=g),
+        "c.step": torch.tensor([seed]),
+    }
 
 
 def open_weights_log(tmp_path: Path):
@@ -55,7 +60,9 @@ def test_corrupt_version_is_never_applied(tmp_path: Path) -> None:
     with open_weights_log(tmp_path) as log, log.producer() as producer:
         WeightPublisher(producer, codec, TOPIC, "main").publish(state(1), 1)
         payload = b"not the weights"
-        bad = WeightChunk("main", 2, -1, "full", "chunk", 0, 1, len(payload), hashlib.sha256(b"other").hexdigest(), data=payload)
+        bad = WeightChunk(
+            "main", 2, -1, "full", "chunk", 0, 1, len(payload), hashlib.sha256(b"other").hexdigest(), data=payload
+        )
         producer.send(TOPIC, codec.encode(bad), partition=WEIGHTS_CHUNK_PARTITION)
         manifest = WeightChunk("main", 2, -1, "full", "manifest", -1, 1, len(payload), bad.sha256)
         producer.send(TOPIC, codec.encode(manifest), partition=WEIGHTS_MANIFEST_PARTITION)

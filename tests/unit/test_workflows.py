@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.errors import ConfigError, RewardError
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.engines.torch_engine import TorchEngine
 from astraflow.producers.workflows.base import Provenance
 from astraflow.producers.workflows.factory import build_workflow
 from astraflow.producers.workflows.single_turn import SingleTurnWorkflow
@@ -19,11 +19,18 @@ PROVENANCE = Provenance("rollout-test-1", "eu", "cpu:x86_64x1")
 @pytest.fixture(scope="module")
 def engine() -> TorchEngine:
     tokenizer = build_char_tokenizer()
-    return TorchEngine(build_tiny_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)), tokenizer, version=7, seed=0)
+    return TorchEngine(
+        build_tiny_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+        tokenizer,
+        version=7,
+        seed=0,
+    )
 
 
 def task(n: int, reference: str = "5") -> RolloutTask:
-    return RolloutTask(f"p{n}@0", f"p{n}", f"p{n}@0", "math", f"{n}+1=", reference, group_size=3, submitted_version=0, created_ms=0)
+    return RolloutTask(
+        f"p{n}@0", f"p{n}", f"p{n}@0", "math", f"{n}+1=", reference, group_size=3, submitted_version=0, created_ms=0
+    )
 
 
 def test_single_turn_trajectories(engine: TorchEngine) -> None:
@@ -33,7 +40,9 @@ def test_single_turn_trajectories(engine: TorchEngine) -> None:
         seen.append((text, reference))
         return 1.0 if text == reference else 0.0
 
-    outcomes = SingleTurnWorkflow("main", reward, max_new_tokens=4, temperature=1.0).run_batch({"main": engine}, [task(1), task(2)], PROVENANCE)
+    outcomes = SingleTurnWorkflow("main", reward, max_new_tokens=4, temperature=1.0).run_batch(
+        {"main": engine}, [task(1), task(2)], PROVENANCE
+    )
     assert [o.task.task_id for o in outcomes] == ["p1@0", "p2@0"] and all(o.error is None for o in outcomes)
     trajectories = outcomes[1].trajectories
     assert [t.trajectory_id for t in trajectories] == ["p2@0/0", "p2@0/1", "p2@0/2"]
@@ -54,7 +63,10 @@ def test_a_raising_reward_fails_the_task_instead_of_scoring_zero(engine: TorchEn
     assert isinstance(outcome.error, RewardError) and outcome.trajectories == []
 
 
-@pytest.mark.parametrize(("kind", "reward", "field"), [("multi_turn", "exact_match", "rollout.workflow"), ("single_turn", "bleu", "rollout.reward")])
+@pytest.mark.parametrize(
+    ("kind", "reward", "field"),
+    [("multi_turn", "exact_match", "rollout.workflow"), ("single_turn", "bleu", "rollout.reward")],
+)
 def test_unknown_workflow_or_reward_names_the_field(kind: str, reward: str, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         build_workflow(kind, "main", reward, 4, 1.0)

@@ -51,7 +51,9 @@ class Workflow(ABC):
     policies: tuple[str, ...]
 
     @abstractmethod
-    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+    def run_batch(
+        self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance
+    ) -> list[TaskOutcome]:
         """One outcome per task, in task order."""
 
     def open(self) -> None:
@@ -63,8 +65,19 @@ class Workflow(ABC):
         return 1
 
 
-def make_trajectory(task: RolloutTask, index: int, policy: str, transcript: Transcript, components: dict[str, float], finish_reason: str,
-                    text: str, provenance: Provenance, *, generate_ms: float, reward_ms: float) -> Trajectory:
+def make_trajectory(
+    task: RolloutTask,
+    index: int,
+    policy: str,
+    transcript: Transcript,
+    components: dict[str, float],
+    finish_reason: str,
+    text: str,
+    provenance: Provenance,
+    *,
+    generate_ms: float,
+    reward_ms: float,
+) -> Trajectory:
     """The Trajectory of sample ``index`` of ``task``: every workflow builds its records here.
 
     ``transcript`` holds the response turn by turn, as sampled (``astraflow.envs.episodes``);
@@ -109,9 +122,11 @@ def score(reward: Callable[[str, str], float], text: str, reference: str) -> flo
     except RewardError:
         raise
     except Exception as exc:  # any bug of a pluggable reward function fails the task, with its cause
-        raise RewardError(f"reward function {getattr(reward, '__name__', reward)!r} raised {type(exc).__name__}: {exc}") from exc
+        raise RewardError(
+            f"reward function {getattr(reward, '__name__', reward)!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise RewardError(f"reward function {getattr(reward, '__name__', reward)!r} returned {value!r}, not a finite number")
+        raise RewardError(
+            f"reward function {getattr(reward, '__name__', reward)!r} returned {value!r}, not a finite number"
+        )
     return float(value)
-
-

@@ -76,7 +76,9 @@ def balanced_candidates(answer: str, answers: Sequence[str], salt: str) -> list[
 
 def judge_answer_reward(response_text: str, reference: str) -> float:
     """Half for a right verdict on the candidate (``judge_reward``), half for writing the right sum."""
-    return 0.5 * judge_reward(response_text, reference) + 0.5 * exact_match_reward(response_text, reference.split("|", 1)[0])
+    return 0.5 * judge_reward(response_text, reference) + 0.5 * exact_match_reward(
+        response_text, reference.split("|", 1)[0]
+    )
 
 
 class AnswerJudgeWorkflow(Workflow):
@@ -90,7 +92,9 @@ class AnswerJudgeWorkflow(Workflow):
         self.judgements = j.group_size
         self.policies = (answerer.policy, judge.policy)
 
-    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+    def run_batch(
+        self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance
+    ) -> list[TaskOutcome]:
         answered = self.answer.run_batch(engines, [replace(t, group_size=self.answers) for t in tasks], provenance)
         judged_tasks: list[RolloutTask] = []
         owners: list[int] = []
@@ -103,7 +107,9 @@ class AnswerJudgeWorkflow(Workflow):
                 judged_tasks.append(self.judging_task(outcome.task, judgement, claims[judgement % len(claims)]))
                 owners.append(index)
         judged = self.judge.run_batch(engines, judged_tasks, provenance) if judged_tasks else []
-        outcomes = [TaskOutcome(task, list(outcome.trajectories), outcome.error) for task, outcome in zip(tasks, answered)]
+        outcomes = [
+            TaskOutcome(task, list(outcome.trajectories), outcome.error) for task, outcome in zip(tasks, answered)
+        ]
         for index, outcome in zip(owners, judged):
             target = outcomes[index]
             if target.error is not None:
@@ -134,5 +140,7 @@ def build_collab_workflow(kind: str, policies: list[RunConfig]) -> Workflow:
         raise ConfigError(f"rollout.workflow: {kind!r} is not a multi-policy workflow")
     by_role = {cfg.role: cfg for cfg in policies}
     if sorted(by_role) != ["answer", "judge"] or len(policies) != 2:
-        raise ConfigError("policies: 'solver_verifier' needs exactly one policy with role 'answer' and one with role 'judge'")
+        raise ConfigError(
+            "policies: 'solver_verifier' needs exactly one policy with role 'answer' and one with role 'judge'"
+        )
     return AnswerJudgeWorkflow(by_role["answer"], by_role["judge"])

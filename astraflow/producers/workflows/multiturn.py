@@ -17,16 +17,18 @@ from pathlib import Path
 from astraflow.config import AgentConfig
 from astraflow.engines.base import Engine
 from astraflow.envs.base import EnvFactory
-from astraflow.tasks.catalog import Environments, open_environments
 from astraflow.envs.episodes import AgentLimits, play
-from astraflow.producers.workflows.base import make_trajectory, Provenance, TaskOutcome, Workflow
+from astraflow.producers.workflows.base import Provenance, TaskOutcome, Workflow, make_trajectory
 from astraflow.schemas.records import RolloutTask
+from astraflow.tasks.catalog import Environments, open_environments
 
 
 class MultiTurnWorkflow(Workflow):
     """One policy against one environment per episode."""
 
-    def __init__(self, policy: str, make_env: EnvFactory, limits: AgentLimits, temperature: float, greedy: bool = False) -> None:
+    def __init__(
+        self, policy: str, make_env: EnvFactory, limits: AgentLimits, temperature: float, greedy: bool = False
+    ) -> None:
         self.policies = (policy,)
         self.policy = policy
         self.make_env = make_env
@@ -38,7 +40,9 @@ class MultiTurnWorkflow(Workflow):
         if isinstance(self.make_env, Environments):
             self.make_env.open()
 
-    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+    def run_batch(
+        self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance
+    ) -> list[TaskOutcome]:
         engine = engines[self.policy]
         episodes, failed = play(engine, tasks, self.make_env, self.limits, self.temperature, self.greedy)
         outcomes = [TaskOutcome(task) for task in tasks]
@@ -47,14 +51,32 @@ class MultiTurnWorkflow(Workflow):
         for episode in episodes:
             if episode.task_pos not in failed:
                 text = engine.tokenizer.decode(episode.transcript.arrays()[0], skip_special_tokens=False)
-                outcomes[episode.task_pos].trajectories.append(make_trajectory(
-                    tasks[episode.task_pos], episode.index, self.policy, episode.transcript, episode.score, episode.finish_reason or "stop",
-                    text, provenance, generate_ms=episode.generate_ms, reward_ms=episode.tool_seconds * 1000,
-                ))
+                outcomes[episode.task_pos].trajectories.append(
+                    make_trajectory(
+                        tasks[episode.task_pos],
+                        episode.index,
+                        self.policy,
+                        episode.transcript,
+                        episode.score,
+                        episode.finish_reason or "stop",
+                        text,
+                        provenance,
+                        generate_ms=episode.generate_ms,
+                        reward_ms=episode.tool_seconds * 1000,
+                    )
+                )
         return outcomes
 
 
-def build_multi_turn_workflow(kind: str, policy: str, reward: str, max_new_tokens: int, temperature: float, agent: AgentConfig, data_dir: Path | None) -> MultiTurnWorkflow:
+def build_multi_turn_workflow(
+    kind: str,
+    policy: str,
+    reward: str,
+    max_new_tokens: int,
+    temperature: float,
+    agent: AgentConfig,
+    data_dir: Path | None,
+) -> MultiTurnWorkflow:
     """The multi-turn workflow ``kind`` (``search``, ``code``, ``rooms``, ``http_env``): environments
     from ``astraflow.tasks.catalog``, limits from ``agent`` and ``rollout.max_new_tokens``;
     ``ConfigError`` naming the field when the config cannot run it."""

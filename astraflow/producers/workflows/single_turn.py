@@ -18,17 +18,26 @@ from astraflow.tasks.arithmetic import exact_match_reward
 class SingleTurnWorkflow(Workflow):
     """One policy answers each prompt ``group_size`` times; a reward function scores each answer."""
 
-    def __init__(self, policy: str, reward: Callable[[str, str], float], max_new_tokens: int, temperature: float) -> None:
+    def __init__(
+        self, policy: str, reward: Callable[[str, str], float], max_new_tokens: int, temperature: float
+    ) -> None:
         self.policies = (policy,)
         self.policy = policy
         self.reward = reward
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
 
-    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+    def run_batch(
+        self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance
+    ) -> list[TaskOutcome]:
         engine = engines[self.policy]
         started = time.perf_counter()
-        groups = engine.generate([t.prompt for t in tasks], n=tasks[0].group_size, max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+        groups = engine.generate(
+            [t.prompt for t in tasks],
+            n=tasks[0].group_size,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+        )
         generate_ms = (time.perf_counter() - started) * 1000 / max(len(tasks), 1)
         outcomes = []
         for task, generations in zip(tasks, groups):
@@ -40,8 +49,20 @@ class SingleTurnWorkflow(Workflow):
                     reward_ms = (time.perf_counter() - t0) * 1000
                     transcript = Transcript(generation.prompt_ids)
                     transcript.append(generation.response_ids, generation.logprobs, engine.version, "policy")
-                    outcome.trajectories.append(make_trajectory(task, index, self.policy, transcript, {"reward": reward}, generation.finish_reason,
-                                                                generation.text, provenance, generate_ms=generate_ms, reward_ms=reward_ms))
+                    outcome.trajectories.append(
+                        make_trajectory(
+                            task,
+                            index,
+                            self.policy,
+                            transcript,
+                            {"reward": reward},
+                            generation.finish_reason,
+                            generation.text,
+                            provenance,
+                            generate_ms=generate_ms,
+                            reward_ms=reward_ms,
+                        )
+                    )
             except RewardError as exc:
                 outcome.trajectories, outcome.error = [], exc
             outcomes.append(outcome)
@@ -62,7 +83,9 @@ class IndependentPolicies(Workflow):
         for workflow in self.workflows.values():
             workflow.open()
 
-    def run_batch(self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance) -> list[TaskOutcome]:
+    def run_batch(
+        self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance
+    ) -> list[TaskOutcome]:
         outcomes = [TaskOutcome(task) for task in tasks]
         for policy, workflow in self.workflows.items():
             sized = [replace(task, group_size=self.group_sizes[policy]) for task in tasks]
@@ -79,5 +102,3 @@ def reward_function(name: str) -> Callable[[str, str], float]:
     if name == "exact_match":
         return exact_match_reward
     raise ConfigError(f"rollout.reward: unknown reward {name!r}; choose 'exact_match'")
-
-

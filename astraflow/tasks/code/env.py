@@ -53,4 +53,9 @@ class CodeEnv(EpisodeEnv):
 
     def reward(self) -> dict[str, float]:
         fraction = self.passed / len(self.tests)
-        return {"reward": fraction, "tests_passed": fraction, "attempts": float(self.attempts), "program_failures": float(self.failures)}
+        return {
+            "reward": fraction,
+            "tests_passed": fraction,
+            "attempts": float(self.attempts),
+            "program_failures": float(self.failures),
+        }

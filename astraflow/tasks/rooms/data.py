@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 
-from astraflow.tasks.rooms.env import RoomsEnv, RoomsLayout, layout_from_reference
 from astraflow.tasks.base import Problem
+from astraflow.tasks.rooms.env import RoomsEnv, RoomsLayout, layout_from_reference
 
 
-def room_problems(seed: int, heldout_size: int, games: int = 2000, size: int = 3) -> tuple[list[Problem], list[Problem]]:
+def room_problems(
+    seed: int, heldout_size: int, games: int = 2000, size: int = 3
+) -> tuple[list[Problem], list[Problem]]:
     """``games`` layouts (seeds ``seed * games + i``), split into (train, held-out)."""
     if not 0 < heldout_size < games:
         raise ValueError(f"heldout_size must be in (0, {games}), got {heldout_size}")
@@ -20,7 +22,13 @@ def room_problems(seed: int, heldout_size: int, games: int = 2000, size: int = 3
     for index in range(games):
         layout_seed = seed * games + index
         prompt = RoomsEnv(RoomsLayout.generate(layout_seed, size)).reset()
-        problems.append(Problem(prompt_id=f"rooms-{size}-{layout_seed}", prompt=prompt, answer=json.dumps({"seed": layout_seed, "size": size})))
+        problems.append(
+            Problem(
+                prompt_id=f"rooms-{size}-{layout_seed}",
+                prompt=prompt,
+                answer=json.dumps({"seed": layout_seed, "size": size}),
+            )
+        )
     return problems[heldout_size:], problems[:heldout_size]
 
 

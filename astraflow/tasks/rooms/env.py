@@ -19,7 +19,24 @@ from dataclasses import dataclass, field
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
 from astraflow.envs.calls import parse_call
 
-ROOM_NAMES = ["hall", "kitchen", "attic", "cellar", "study", "garden", "bath", "pantry", "porch", "library", "garage", "office", "den", "loft", "shed", "vault"]
+ROOM_NAMES = [
+    "hall",
+    "kitchen",
+    "attic",
+    "cellar",
+    "study",
+    "garden",
+    "bath",
+    "pantry",
+    "porch",
+    "library",
+    "garage",
+    "office",
+    "den",
+    "loft",
+    "shed",
+    "vault",
+]
 DIRECTIONS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0)}
 Cell = tuple[int, int]
 
@@ -43,7 +60,11 @@ class RoomsLayout:
         seen, stack = {cells[0]}, [cells[0]]
         while stack:  # randomised depth-first search: a spanning tree
             x, y = stack[-1]
-            options = [(x + dx, y + dy) for dx, dy in DIRECTIONS.values() if (x + dx, y + dy) in names and (x + dx, y + dy) not in seen]
+            options = [
+                (x + dx, y + dy)
+                for dx, dy in DIRECTIONS.values()
+                if (x + dx, y + dy) in names and (x + dx, y + dy) not in seen
+            ]
             if not options:
                 stack.pop()
                 continue
@@ -123,4 +144,9 @@ class RoomsEnv(EpisodeEnv):
         return StepResult(f"\n{self.layout.describe(self.cell)}\n")
 
     def reward(self) -> dict[str, float]:
-        return {"reward": float(self.found), "found": float(self.found), "moves": float(self.moves), "invalid": float(self.invalid)}
+        return {
+            "reward": float(self.found),
+            "found": float(self.found),
+            "moves": float(self.moves),
+            "invalid": float(self.invalid),
+        }

@@ -23,7 +23,9 @@ def main() -> None:
     """``python -m astraflow.tasks.rooms.server --port 8765``: serve the bundled rooms game until interrupted."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="Serve the bundled room-navigation game over the reset/step HTTP protocol.")
+    parser = argparse.ArgumentParser(
+        description="Serve the bundled room-navigation game over the reset/step HTTP protocol."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()

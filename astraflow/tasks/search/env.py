@@ -8,8 +8,8 @@ answer"); an episode that never answers scores 0. Role ``tool``.
 from __future__ import annotations
 
 from astraflow.envs.base import EpisodeEnv, StepResult
-from astraflow.schemas.records import RolloutTask
 from astraflow.envs.calls import parse_call
+from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.search.index import SearchIndex
 
 USAGE = "\nwrite search(words) or answer(words).\n"
@@ -41,4 +41,9 @@ class SearchEnv(EpisodeEnv):
 
     def reward(self) -> dict[str, float]:
         correct = float(self.answer is not None and self.answer == self.task.reference.strip())
-        return {"reward": correct, "correct": correct, "answered": float(self.answer is not None), "searches": float(self.searches)}
+        return {
+            "reward": correct,
+            "correct": correct,
+            "answered": float(self.answer is not None),
+            "searches": float(self.searches),
+        }

@@ -51,7 +51,9 @@ class Fact:
         return f"{self.entity} {self.attribute} {self.value}"
 
     def problem(self) -> Problem:
-        return Problem(prompt_id=f"fact-{self.doc_id}", prompt=f"{self.attribute} of {self.entity}?\n", answer=self.value)
+        return Problem(
+            prompt_id=f"fact-{self.doc_id}", prompt=f"{self.attribute} of {self.entity}?\n", answer=self.value
+        )
 
 
 def demonstration(problem: Problem) -> list[str]:
@@ -75,7 +77,9 @@ def entity_names(rng: random.Random, count: int) -> list[str]:
     taken = {word for words in VALUES.values() for word in words} | set(VALUES)
     names: list[str] = []
     while len(names) < count:
-        name = "".join(rng.choice(CONSONANTS if i % 2 == 0 else VOWELS) for i in range(5)) + rng.choice(["", rng.choice(CONSONANTS)])
+        name = "".join(rng.choice(CONSONANTS if i % 2 == 0 else VOWELS) for i in range(5)) + rng.choice(
+            ["", rng.choice(CONSONANTS)]
+        )
         if name not in taken:
             taken.add(name)
             names.append(name)
@@ -85,19 +89,27 @@ def entity_names(rng: random.Random, count: int) -> list[str]:
 def synthetic_facts(seed: int = 0, entities: int = 300) -> list[Fact]:
     """Every fact of ``entities`` made-up entities, a pure function of ``seed``."""
     rng = random.Random(seed)
-    return [Fact(name, attribute, rng.choice(values)) for name in entity_names(rng, entities) for attribute, values in VALUES.items()]
+    return [
+        Fact(name, attribute, rng.choice(values))
+        for name in entity_names(rng, entities)
+        for attribute, values in VALUES.items()
+    ]
 
 
 def write_corpus(path: Path, facts: list[Fact]) -> Path:
     """The corpus jsonl (``{"doc_id", "text"}`` per fact), written to a temporary name and renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text("".join(json.dumps({"doc_id": fact.doc_id, "text": fact.text}) + "\n" for fact in facts), encoding="utf-8")
+    tmp.write_text(
+        "".join(json.dumps({"doc_id": fact.doc_id, "text": fact.text}) + "\n" for fact in facts), encoding="utf-8"
+    )
     os.replace(tmp, path)
     return path
 
 
-def fact_problems(seed: int, heldout_size: int, data_dir: Path, entities: int = 300) -> tuple[list[Problem], list[Problem]]:
+def fact_problems(
+    seed: int, heldout_size: int, data_dir: Path, entities: int = 300
+) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out) questions, shuffled by ``seed``; writes the corpus of all facts to ``data_dir``."""
     facts = synthetic_facts(seed, entities)
     if not 0 < heldout_size < len(facts):

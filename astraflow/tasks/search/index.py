@@ -50,7 +50,9 @@ def build_index(corpus: Path, index: Path) -> Path:
     try:
         with sqlite3.connect(tmp) as db, corpus.open(encoding="utf-8") as rows:
             db.execute("CREATE VIRTUAL TABLE docs USING fts5(doc_id UNINDEXED, text, tokenize='unicode61')")
-            db.executemany("INSERT INTO docs (doc_id, text) VALUES (?, ?)", (_row(line) for line in rows if line.strip()))
+            db.executemany(
+                "INSERT INTO docs (doc_id, text) VALUES (?, ?)", (_row(line) for line in rows if line.strip())
+            )
         db.close()
         os.replace(tmp, index)
     except (OSError, sqlite3.Error, ValueError, KeyError) as exc:

@@ -27,9 +27,9 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from astraflow.training.backends.base import TrainerBackend
 from astraflow.errors import MissingDependencyError
 from astraflow.rundir import cache_root
+from astraflow.training.backends.base import TrainerBackend
 
 if TYPE_CHECKING:
     import torch
@@ -90,11 +90,15 @@ class DeepSpeedBackend(TrainerBackend):
         if offload_optimizer and zero_stage == 0:
             raise ValueError("optimizer offload needs ZeRO stage 1 or 2")
         if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", auto_mpi_discovery=False)
+            deepspeed.init_distributed(
+                dist_backend="nccl" if torch.cuda.is_available() else "gloo", auto_mpi_discovery=False
+            )
         if offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            optimizer = DeepSpeedCPUAdam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, adamw_mode=True)
+            optimizer = DeepSpeedCPUAdam(
+                model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, adamw_mode=True
+            )
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         zero: dict = {"stage": zero_stage}

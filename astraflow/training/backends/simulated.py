@@ -51,7 +51,9 @@ class TrainTimeModel:
 class SimulatedLearner(PolicyTrainer):
     """``PolicyTrainer``'s contract (``version``, ``model``, ``optimizer``, ``step``) with a slept step."""
 
-    def __init__(self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, backend: SimulatedBackend) -> None:
+    def __init__(
+        self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, backend: SimulatedBackend
+    ) -> None:
         super().__init__(model, pad_id, config, backend=backend)
         self.time_model = backend.time_model
         self.sleep = backend.sleep
@@ -70,7 +72,16 @@ class SimulatedLearner(PolicyTrainer):
         lr = config.lr * lr_factor(self.version, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio)
         self.version += 1
         trained = int(sum(int(np.sum(example.loss_mask)) for example in examples))
-        return StepStats(self.version, 0.0, 0.0, lr, len(examples), trained, time.perf_counter() - started, {"simulated_seconds": seconds})
+        return StepStats(
+            self.version,
+            0.0,
+            0.0,
+            lr,
+            len(examples),
+            trained,
+            time.perf_counter() - started,
+            {"simulated_seconds": seconds},
+        )
 
 
 class SimulatedBackend(TrainerBackend):
@@ -80,8 +91,13 @@ class SimulatedBackend(TrainerBackend):
     their own so they never wait on the wall clock.
     """
 
-    def __init__(self, model: torch.nn.Module, time_model: TrainTimeModel, time_scale: float = 1.0,
-                 sleep: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        time_model: TrainTimeModel,
+        time_scale: float = 1.0,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         import torch
 
         self.model = model

@@ -10,7 +10,9 @@ from astraflow.training.backends.base import TrainerBackend
 class TorchBackend(TrainerBackend):
     """``torch.optim.AdamW`` over every parameter, global-norm clipping by ``clip_grad_norm_``."""
 
-    def __init__(self, model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, max_grad_norm: float) -> None:
+    def __init__(
+        self, model: torch.nn.Module, lr: float, betas: tuple[float, float], weight_decay: float, max_grad_norm: float
+    ) -> None:
         self.model = model
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
