@@ -48,9 +48,13 @@ def _one_policy(cfg, policy: Optional[str]):
     return cfg.for_policy(policy or cfg.policy_names()[0])
 
 
-@app.command()
+@app.command(
+    help=(
+        "Build the tiny model, supervise it to the warm-up accuracy, and cache that base checkpoint "
+        "(of every policy, or ``--policy``)."
+    )
+)
 def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = None) -> None:
-    """Build the tiny model, supervise it to the warm-up accuracy, and cache that base checkpoint (of every policy, or ``--policy``)."""
     from astraflow.basemodel.cache import ensure_base_checkpoint
     from astraflow.launch.process import setup_logging
 
@@ -126,7 +130,10 @@ def stream(
     runtime: Annotated[
         Optional[str],
         typer.Option(
-            help="Stream runtime: native (any log) or faust (Kafka only); overrides stream.runtime (default: faust on Kafka, native on the embedded log)."
+            help=(
+                "Stream runtime: native (any log) or faust (Kafka only); overrides stream.runtime "
+                "(default: faust on Kafka, native on the embedded log)."
+            )
         ),
     ] = None,
     policy: PolicyOpt = None,
@@ -211,11 +218,17 @@ def run(
     summary = launch(cfg, directory, dashboard=dashboard)
     typer.echo(f"run directory: {directory}")
     typer.echo(
-        f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in {summary['versions']} versions, {summary['wall_seconds']:.0f} s"
+        f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} "
+        f"in {summary['versions']} versions, {summary['wall_seconds']:.0f} s"
     )
 
 
-@app.command()
+@app.command(
+    help=(
+        "Train a fresh base model of CONFIG from the trajectories a SOURCE run logged "
+        "(finished or live; the source is only read)."
+    )
+)
 def replay(
     config: ConfigArg,
     source: Annotated[
@@ -244,7 +257,6 @@ def replay(
     ] = None,
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
-    """Train a fresh base model of CONFIG from the trajectories a SOURCE run logged (finished or live; the source is only read)."""
     from astraflow.attach import open_run
     from astraflow.launch.process import resolve_config
     from astraflow.launch.replay import parse_time_ms
@@ -262,10 +274,12 @@ def replay(
     section = summary["replay"]
     typer.echo(f"run directory: {directory}")
     typer.echo(
-        f"replayed {section['copied']} trajectories of {section['source_topic']} ({section['stop_reason'] or 'stopped'})"
+        f"replayed {section['copied']} trajectories of {section['source_topic']} "
+        f"({section['stop_reason'] or 'stopped'})"
     )
     typer.echo(
-        f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} (best {summary['best_accuracy']:.3f}) "
+        f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} "
+        f"(best {summary['best_accuracy']:.3f}) "
         f"in {summary['versions']} versions, {summary['wall_seconds']:.0f} s"
     )
 
@@ -312,7 +326,12 @@ def tail(
             typer.echo(line)
 
 
-@app.command()
+@app.command(
+    help=(
+        "Account for every trajectory: trained (version), filtered, dead-lettered or pending; "
+        "exit 1 if any is lost or trained twice."
+    )
+)
 def audit(
     target: Annotated[
         Path, typer.Argument(help="Run directory (with the config.yaml that `astraflow run` saved) or run config.")
@@ -324,7 +343,6 @@ def audit(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Account for every trajectory: trained (version), filtered, dead-lettered or pending; exit 1 if any is lost or trained twice."""
     import json
 
     from astraflow.analysis.audit import audit_run, format_report

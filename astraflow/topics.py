@@ -76,6 +76,7 @@ class RunTopics:
                 limit = log.describe_topic(spec.name).max_message_bytes
                 if limit < spec.max_message_bytes:
                     raise ConfigError(
-                        f"weights.chunk_bytes: {chunk_bytes} needs records of {spec.max_message_bytes} bytes, but topic "
-                        f"{spec.name!r} exists with max.message.bytes {limit}; lower chunk_bytes or recreate the topic"
+                        f"weights.chunk_bytes: {chunk_bytes} needs records of {spec.max_message_bytes} bytes, "
+                        f"but topic {spec.name!r} exists with max.message.bytes {limit}; "
+                        "lower chunk_bytes or recreate the topic"
                     )

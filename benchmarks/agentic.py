@@ -191,7 +191,8 @@ def plot(report: dict, path: Path) -> None:
     bars.set_title("sandbox executions per second")
     bars.set_ylabel("executions / s")
     figure.suptitle(
-        f"AstraFlow agentic examples on {report['machine']['cpus']} CPUs (load avg at start {report['machine']['loadavg_at_start'][0]:.1f})"
+        f"AstraFlow agentic examples on {report['machine']['cpus']} CPUs "
+        f"(load avg at start {report['machine']['loadavg_at_start'][0]:.1f})"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -229,7 +230,8 @@ def main() -> None:
     for run in report["runs"]:
         s = run["summary"]
         print(
-            f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} (final {s['final_accuracy']:.3f}) "
+            f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} "
+            f"(final {s['final_accuracy']:.3f}) "
             f"in {s['versions']} versions, {s['wall_seconds']:.0f} s after a {run['warmup_seconds']:.0f} s warm-up"
         )
     for entry in report["sandbox"]:
@@ -238,7 +240,8 @@ def main() -> None:
         if "tests_batched_vs_one_run_each" in entry:
             t = entry["tests_batched_vs_one_run_each"]
             print(
-                f"sandbox {entry['backend']}: {t['one_run_each_tests_per_s']:.1f} tests/s one run each, {t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x)"
+                f"sandbox {entry['backend']}: {t['one_run_each_tests_per_s']:.1f} tests/s one run each, "
+                f"{t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x)"
             )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))

@@ -167,7 +167,10 @@ def plot(clean: dict, faulty: dict, path: Path) -> None:
     prog.set(
         xlabel="wall seconds since launch",
         ylabel="weight version",
-        title=f"{len(faulty['faults'])} faults; lost {faulty['audit']['lost']}, trained twice {faulty['audit']['trained_twice']}",
+        title=(
+            f"{len(faulty['faults'])} faults; lost {faulty['audit']['lost']}, "
+            f"trained twice {faulty['audit']['trained_twice']}"
+        ),
     )
     acc.legend(fontsize=8)
     prog.legend(fontsize=7, ncol=2)

@@ -235,7 +235,8 @@ def plot(results: dict, path: Path) -> None:
     left.bar(names, [measured[n]["tokens_per_s"] for n in names], color="tab:blue")
     left.set_ylabel("sampled tokens / s")
     left.set_title(
-        f"{results['workload']['prompts']} prompts x {results['workload']['n']}, {results['workload']['max_new_tokens']} new tokens"
+        f"{results['workload']['prompts']} prompts x {results['workload']['n']}, "
+        f"{results['workload']['max_new_tokens']} new tokens"
     )
     refresh = [measured[n]["refresh_ms"] or 0.0 for n in names]
     right.bar(names, refresh, color="tab:orange")

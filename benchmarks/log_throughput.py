@@ -661,7 +661,8 @@ def run_rounds(args: argparse.Namespace, where: dict) -> dict[str, dict[str, lis
         if phase != "warmup":
             runs[variant][phase].append(result)
         print(
-            f"{label:3s} {variant:15s} {phase:10s} {result['records_per_s']:>10,.0f} rec/s {result['mb_per_s']:>8.1f} MB/s"
+            f"{label:3s} {variant:15s} {phase:10s} {result['records_per_s']:>10,.0f} rec/s "
+            f"{result['mb_per_s']:>8.1f} MB/s"
             f"  p50 {result['p50_ms']:8.2f} ms  p99 {result['p99_ms']:8.2f} ms",
             flush=True,
         )

@@ -182,7 +182,11 @@ def real_child(spec: dict) -> dict:
             last = learners[roles["answer"]].version
             started = time.perf_counter()
             curve.append(
-                {"wall_s": round(clock, 3), "versions": {p: l.version for p, l in learners.items()}, **evaluate()}
+                {
+                    "wall_s": round(clock, 3),
+                    "versions": {p: learner.version for p, learner in learners.items()},
+                    **evaluate(),
+                }
             )
             eval_s += time.perf_counter() - started
             print(json.dumps(curve[-1]), flush=True)
@@ -204,7 +208,7 @@ def real_child(spec: dict) -> dict:
         "train_wall_s": clock,
         "eval_s_excluded": eval_s,
         "system_final": vars(system),
-        "versions": {p: l.version for p, l in learners.items()},
+        "versions": {p: learner.version for p, learner in learners.items()},
         "dropped": dict(loop.dropped),
     }
 
@@ -433,6 +437,7 @@ def part_sim(args: argparse.Namespace) -> dict:
         "trainer_centred_over_lockstep": round(per["trainer_centred"] / per["lockstep"], 3),
         "lockstep_over_async": round(per["lockstep"] / per["async"], 3),
     }
+    trainer_devices = ", ".join(str(config.for_policy(p).train.simulated.devices) for p in config.policy_names())
     return {
         "part": "sim",
         "inputs": {
@@ -441,13 +446,15 @@ def part_sim(args: argparse.Namespace) -> dict:
             "versions_async": args.sim_versions,
             "versions_lockstep": args.sim_lockstep_versions,
             "iterations_trainer_centred": args.sim_loop_iterations,
-            "layout": f"{config.rollout.producers} rollout GPUs + trainers on {', '.join(str(config.for_policy(p).train.simulated.devices) for p in config.policy_names())} GPUs; "
+            "layout": f"{config.rollout.producers} rollout GPUs + trainers on "
+            f"{trainer_devices} GPUs; "
             f"trainer-centred: the same {gpus} GPUs colocated",
         },
         "machine": machine(),
-        "note": "simulated seconds = wall seconds / time_scale; the log, feeder, stream processors and processes are real, "
-        "engines and trainers sleep their modelled time. Real overheads (SQLite log, weight publishing, Python) count in (a) "
-        "and (b) at 1/time_scale, so they weigh against AstraFlow; (c) has none of them.",
+        "note": "simulated seconds = wall seconds / time_scale; the log, feeder, stream processors and processes "
+        "are real, engines and trainers sleep their modelled time. Real overheads (SQLite log, weight publishing, "
+        "Python) count "
+        "in (a) and (b) at 1/time_scale, so they weigh against AstraFlow; (c) has none of them.",
         "paper": PAPER,
         "seconds_per_version_pair": per,
         "ratios": ratios,
@@ -567,7 +574,8 @@ def part_real(args: argparse.Namespace) -> dict:
         },
         "machine": machine(),
         "note": "wall seconds of training: (a)/(b) from the first weight version published (start-up reported apart), "
-        "(c) from its first generation with evaluation excluded (AstraFlow's evaluators share the cores during the run). "
+        "(c) from its first generation with evaluation excluded (AstraFlow's evaluators share the cores during the "
+        "run). "
         "A schedule that missed the targets within the cap has time_to_targets_s null; compare its final accuracies.",
         "why_ratios_near_1": WHY_NEAR_1,
         "time_to_targets_s": times,
@@ -596,7 +604,8 @@ def machine() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "loadavg": os.getloadavg(),
-        "shared": "2 cores shared with other jobs while this ran: wall times are noisy; ratios were measured in one run",
+        "shared": "2 cores shared with other jobs while this ran: wall times are noisy; "
+        "ratios were measured in one run",
     }
 
 
@@ -639,7 +648,8 @@ def plot_sim(report: dict, path: Path) -> None:
     where.set_ylabel("fraction of the time")
     where.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=5, fontsize=8)
     fig.suptitle(
-        f"Simulated cluster, solver + verifier: trainer-centred / async = {report['ratios']['trainer_centred_over_async']}x (paper 2.74x)"
+        f"Simulated cluster, solver + verifier: trainer-centred / async = "
+        f"{report['ratios']['trainer_centred_over_async']}x (paper 2.74x)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -686,7 +696,8 @@ def plot_real(report: dict, path: Path) -> None:
     cpu.set_ylabel("cores used (CPU s / wall s)")
     cpu.legend(fontsize=7)
     fig.suptitle(
-        f"Tiny models on 2 shared cores, solver + verifier: {report['inputs']['cap_training_s']:.0f} s of training per schedule "
+        f"Tiny models on 2 shared cores, solver + verifier: {report['inputs']['cap_training_s']:.0f} s of training "
+        f"per schedule "
         f"(targets {TARGETS['solver']} / {TARGETS['verifier']})"
     )
     fig.tight_layout()

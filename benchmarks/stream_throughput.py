@@ -219,7 +219,8 @@ def follow_output(
     while len(stamps) < records:
         if failed(process) or time.monotonic() > deadline:
             raise RuntimeError(
-                f"{topic}: {len(stamps)} of {records} records, and the process {'failed' if failed(process) else 'timed out'}"
+                f"{topic}: {len(stamps)} of {records} records, and the process "
+                f"{'failed' if failed(process) else 'timed out'}"
             )
         for message in consumer.consume(1000, timeout=0.2):
             if message.error() is None:
@@ -423,7 +424,8 @@ def main() -> None:
                 print(
                     f"{'warm-up' if index < 0 else 'round'} {index}: "
                     + "  ".join(
-                        f"{v} {result[v]['trajectories_per_s']:,.0f}/s ({result[v]['trajectories_per_cpu_s'] or 0:,.0f}/CPU-s)"
+                        f"{v} {result[v]['trajectories_per_s']:,.0f}/s "
+                        f"({result[v]['trajectories_per_cpu_s'] or 0:,.0f}/CPU-s)"
                         for v in VARIANTS
                     ),
                     flush=True,
@@ -441,7 +443,8 @@ def main() -> None:
         "loadavg_1m_at_end": os.getloadavg()[0],
     }
     caption = (
-        f"{args.records} trajectories of {args.trajectory_bytes:,} B, groups of {args.group_size}, {args.rounds} rounds after {args.warmup_rounds} warm-up; "
+        f"{args.records} trajectories of {args.trajectory_bytes:,} B, groups of {args.group_size}, "
+        f"{args.rounds} rounds after {args.warmup_rounds} warm-up; "
         f"{machine['nproc']} CPUs, 1-min load {load_at_start:.1f} at start, {machine['loadavg_1m_at_end']:.1f} at end"
     )
     report = {

@@ -538,7 +538,8 @@ def plot(report: dict, path: Path) -> None:
         axis.legend(loc="lower right")
     ratio = report["medians"]["trl_over_astraflow_time_to_threshold"]
     fig.suptitle(
-        f"AstraFlow vs TRL GRPOTrainer, {report['inputs']['prompts']}x{report['inputs']['group']} per step, lr {report['inputs']['lr']}"
+        f"AstraFlow vs TRL GRPOTrainer, {report['inputs']['prompts']}x{report['inputs']['group']} per step, "
+        f"lr {report['inputs']['lr']}"
         f" - time to {threshold:.0%}: TRL/AstraFlow = {ratio if ratio is not None else 'n/a'}"
     )
     fig.tight_layout()
@@ -699,15 +700,22 @@ def main() -> None:
         },
         "compute_bound": {**bound, "reference_step_s": 0.29, "note": "PERFORMANCE.md: 77 ms + 214 ms with 2 threads"},
         "mismatches": [
-            f"samples per optimizer step: AstraFlow {t.batch_samples} (train.batch_samples, groups with reward variance only), "
+            f"samples per optimizer step: AstraFlow {t.batch_samples} "
+            "(train.batch_samples, groups with reward variance only), "
             f"TRL {shared['prompts'] * shared['group']} (all groups, zero-advantage ones included)",
-            f"AstraFlow trains on samples up to stream.max_staleness={config.stream.max_staleness} versions old; TRL is on-policy",
-            "held-out evaluation: excluded from the TRL clock; AstraFlow's evaluator process shares the cores during the run",
-            f"evaluation cadence: TRL every {args.trl_eval_every} steps, AstraFlow every {config.eval.every_versions} versions "
-            "(the newest version when the evaluator is behind): times to threshold are rounded up to the next evaluation",
-            f"threads: TRL one process with {args.threads}; AstraFlow rollout {config.rollout.threads} x {config.rollout.producers}, "
+            f"AstraFlow trains on samples up to stream.max_staleness={config.stream.max_staleness} versions old; "
+            "TRL is on-policy",
+            "held-out evaluation: excluded from the TRL clock; "
+            "AstraFlow's evaluator process shares the cores during the run",
+            f"evaluation cadence: TRL every {args.trl_eval_every} steps, "
+            f"AstraFlow every {config.eval.every_versions} versions "
+            "(the newest version when the evaluator is behind): "
+            "times to threshold are rounded up to the next evaluation",
+            f"threads: TRL one process with {args.threads}; "
+            f"AstraFlow rollout {config.rollout.threads} x {config.rollout.producers}, "
             f"train {t.threads}, eval {config.eval.threads} (plus feeder and stream processor)",
-            "loss: both token-mean PPO-clip (TRL loss_type 'dapo'), but TRL's mean runs over all 512 responses (zero-advantage "
+            "loss: both token-mean PPO-clip (TRL loss_type 'dapo'), "
+            "but TRL's mean runs over all 512 responses (zero-advantage "
             "ones dilute it) and AstraFlow's over its kept samples; GRPO std epsilon TRL 1e-4, AstraFlow 1e-6",
             "sampling: TRL model.generate, AstraFlow its KV-cache loop (same token ids, temperature, max length)",
         ],

@@ -320,7 +320,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                 )
                 print(
                     f"version {version} ({stats.encoding}): {stats.total_bytes / 2**20:.1f} MiB, "
-                    f"{stats.changed / stats.elements:.2%} changed, exact={exact}, publish→applied {applied_ms:.0f} ms, "
+                    f"{stats.changed / stats.elements:.2%} changed, exact={exact}, "
+                    f"publish→applied {applied_ms:.0f} ms, "
                     f"publish {rows[-1]['seconds']['publish'] * 1e3:.0f} ms, apply {(check_s + take_s) * 1e3:.0f} ms "
                     f"(check {check_s * 1e3:.0f}), copy {rows[-1]['copy_GBps']:.1f} GB/s",
                     flush=True,
@@ -480,11 +481,14 @@ def main() -> None:
     first = summary["steps"][0]
     model_name = "tiny Qwen2 (--small)" if args.small else "Qwen2-0.5B-shaped"
     caption = (
-        f"{model_name}, {measured['parameters'] / 1e6:.1f}M params, AdamW lr {args.lr:g}, batch {args.batch}x{args.seq}, "
-        f"{args.threads} threads, {platform.machine()}, load average {load_before[0]:.1f}\nfirst delta {first['ratio']:.1f}x = "
+        f"{model_name}, {measured['parameters'] / 1e6:.1f}M params, AdamW lr {args.lr:g}, "
+        f"batch {args.batch}x{args.seq}, "
+        f"{args.threads} threads, {platform.machine()}, load average {load_before[0]:.1f}\n"
+        f"first delta {first['ratio']:.1f}x = "
         f"{first['fraction_of_bound']['global']:.0%} of the 16-bit-value entropy bound "
         f"({first['fraction_of_bound']['with_differences']:.0%} of the bound on value differences); publish+apply "
-        f"{first['publish_plus_apply_of_copy']:.0%} of copy (store transport: {first['store_publish_plus_apply_of_copy']:.0%})"
+        f"{first['publish_plus_apply_of_copy']:.0%} of copy "
+        f"(store transport: {first['store_publish_plus_apply_of_copy']:.0%})"
     )
     result = {
         "model": model_name,

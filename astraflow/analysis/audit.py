@@ -252,7 +252,10 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
         where = f"versions {min(span)}..{max(span)}" if span else "no recorded version"
         lines += [
             f"policy {p.policy}: {p.items} trajectories in {p.records} records",
-            f"  trained        {trained:>7}  ({where}; replayed copies trained {p.replays_trained}, copies dropped {p.copies_dropped})",
+            (
+                f"  trained        {trained:>7}  ({where}; replayed copies trained {p.replays_trained}, "
+                f"copies dropped {p.copies_dropped})"
+            ),
             f"  filtered       {sum(p.filtered.values()):>7}  {_listing(p.filtered)}",
             f"  dead-lettered  {sum(p.dead_lettered.values()):>7}  {_listing(p.dead_lettered)}",
             f"  pending        {sum(p.pending.values()):>7}  {_listing(p.pending)}",

@@ -90,7 +90,8 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
     else:
         from astraflow.basemodel.sft import supervised_warmup
 
-        # the tiny model's context bounds what its evaluation may write (a simulated cluster's 4096-token budget is another model's)
+        # the tiny model's context bounds what its evaluation may write
+        # (a simulated cluster's 4096-token budget is another model's)
         answer_tokens = min(config.rollout.max_new_tokens, spec.max_positions)
         result = supervised_warmup(
             model, tokenizer, train, heldout, target_em=w.target_accuracy, max_new_tokens=answer_tokens, **fit_options

@@ -134,7 +134,8 @@ class RunConfig(Section):
         return self
 
     def stream_runtime(self) -> str:
-        "The stream runtime this (narrowed) config runs: ``stream.runtime``, else faust on Kafka, native on the embedded log."
+        """The stream runtime this (narrowed) config runs: ``stream.runtime``, else faust on Kafka,
+        native on the embedded log."""
         return self.stream.runtime or ("faust" if self.log.backend == "kafka" else "native")
 
     def policy_names(self) -> tuple[str, ...]:

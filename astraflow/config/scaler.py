@@ -8,7 +8,8 @@ from astraflow.config.base import Section
 
 
 class ScalerConfig(Section):
-    "Autoscaling of the rollout producers from the trainer's wait fraction (``astraflow scale``; rule in ``astraflow.scaler.rule``)."
+    """Autoscaling of the rollout producers from the trainer's wait fraction
+    (``astraflow scale``; rule in ``astraflow.scaler.rule``)."""
 
     enabled: bool = False
     """Run the scaler with ``astraflow run`` and start / stop local rollout producers to its decisions."""

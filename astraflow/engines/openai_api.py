@@ -108,9 +108,10 @@ class OpenAIEngine(Engine):
         choice = (plain.get("choices") or [{}])[0]
         if not (choice.get("logprobs") or {}).get("token_logprobs"):
             raise EngineError(
-                f"{self.base_url} returns no log-probs for /completions (logprobs={choice.get('logprobs')!r}): the trainer needs the "
-                "behaviour log-prob of every token, so this server cannot feed RL (transformers serve ignores `logprobs`); serve the "
-                "model with vLLM (`vllm serve PATH --logprobs-mode processed_logprobs`) or use engine.type torch / vllm"
+                f"{self.base_url} returns no log-probs for /completions (logprobs={choice.get('logprobs')!r}): "
+                "the trainer needs the behaviour log-prob of every token, so this server cannot feed RL "
+                "(transformers serve ignores `logprobs`); serve the model with vLLM "
+                "(`vllm serve PATH --logprobs-mode processed_logprobs`) or use engine.type torch / vllm"
             )
         probe = self._request(np.asarray(self.encode(["1"])[0], dtype=np.int32), 1, 1, 1.0, False)
         if not probe:
@@ -143,8 +144,9 @@ class OpenAIEngine(Engine):
             tokens = logprobs.get("tokens") or []
             if not all(isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX) for token in tokens):
                 raise EngineError(
-                    f"{self.base_url} returns tokens as text, not ids ({tokens[:3]!r}...): re-encoding text can change the tokens "
-                    "the policy sampled; use a server that honours `return_tokens_as_token_ids` (vLLM)"
+                    f"{self.base_url} returns tokens as text, not ids ({tokens[:3]!r}...): "
+                    "re-encoding text can change the tokens the policy sampled; "
+                    "use a server that honours `return_tokens_as_token_ids` (vLLM)"
                 )
             ids = [int(token[len(TOKEN_ID_PREFIX) :]) for token in tokens]
         if values is None or len(values) != len(ids) or any(value is None for value in values):

@@ -129,7 +129,8 @@ class SimulatedEngine(Engine):
         return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
 
     def _response(self, answer: str, max_new_tokens: int) -> TurnSample:
-        """``answer``, a newline, filler and eos: a sampled length of tokens, cut at ``max_new_tokens`` (no eos then)."""
+        """``answer``, a newline, filler and eos: a sampled length of tokens, cut at ``max_new_tokens``
+        (no eos then)."""
         body = np.concatenate([self._ids(answer), self.newline]) if answer else np.zeros(0, dtype=np.int64)
         length = int(self.lengths.sample(self.rng, 1, max_new_tokens, floor=min(len(body) + 1, max_new_tokens))[0])
         stopped = length < max_new_tokens

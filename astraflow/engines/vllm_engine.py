@@ -73,7 +73,8 @@ class VllmEngine(Engine):
 
         if not (current_platform.is_cuda() or current_platform.is_cpu()):
             raise EngineError(
-                f"engine.type vllm needs a CUDA GPU (or a CPU build of vLLM); vLLM sees {current_platform.device_name!r}"
+                "engine.type vllm needs a CUDA GPU (or a CPU build of vLLM); "
+                f"vLLM sees {current_platform.device_name!r}"
             )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(

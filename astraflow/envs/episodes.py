@@ -105,7 +105,8 @@ class Transcript:
         return next(span[0] for span in reversed(self.spans) if span[3])
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The response as [R] arrays: ids (int32), behaviour log-probs (float32), versions (int32), loss mask (uint8)."""
+        """The response as [R] arrays: ids (int32), behaviour log-probs (float32), versions (int32),
+        loss mask (uint8)."""
         if not self.spans:
             return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, np.uint8)
         ids, logprobs, versions, masks = zip(

@@ -32,8 +32,8 @@ class SystemAccuracy:
 
 
 def pick(candidates: Sequence[str], verdicts: Sequence[bool]) -> str:
-    """The first candidate the judge accepts; the first candidate when it accepts none; the judge accepts a candidate when the answer it writes is that candidate
-    (``tasks.arithmetic.judgement``)."""
+    """The first candidate the judge accepts; the first candidate when it accepts none; the judge
+    accepts a candidate when the answer it writes is that candidate (``tasks.arithmetic.judgement``)."""
     return next((c for c, v in zip(candidates, verdicts, strict=True) if v), candidates[0])
 
 

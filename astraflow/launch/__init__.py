@@ -1,1 +1,2 @@
-"""``astraflow run`` and ``astraflow replay``: every component as a supervised process on one machine, and the dashboard."""
+"""``astraflow run`` and ``astraflow replay``: every component as a supervised process on one machine,
+and the dashboard."""

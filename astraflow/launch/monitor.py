@@ -137,7 +137,8 @@ class RunMonitor:
         return gain_over_base(self.policy_accuracy[policy])
 
     def follow(self, children: list, dashboard: bool, on_refresh: Callable[[], str | None] | None = None) -> None:
-        """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks (a note for the dashboard, or ``None``)."""
+        """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks
+        (a note for the dashboard, or ``None``)."""
         from astraflow.launch.dashboard import Dashboard
 
         with Dashboard(self, enabled=dashboard) as view:

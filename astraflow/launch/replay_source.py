@@ -121,7 +121,8 @@ class ReplaySource:
                 messages = consumer.poll(max_records=1000, timeout=0.5)
                 if not messages and time.monotonic() - last > STALL_S:
                     raise LogError(
-                        f"{span.topic}: nothing readable for {STALL_S:.0f} s at positions {pending} before the span's end {span.end}"
+                        f"{span.topic}: nothing readable for {STALL_S:.0f} s at positions {pending} "
+                        f"before the span's end {span.end}"
                     )
                 copied = 0
                 for message in messages:

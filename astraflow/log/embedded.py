@@ -94,7 +94,8 @@ class EmbeddedLog(Log):
             for partition, offset in before.items():
                 if partition not in ends or not 0 <= offset <= ends[partition]:
                     raise LogError(
-                        f"cannot delete records of {topic}:{partition} below offset {offset}: the partition ends at {ends.get(partition)}"
+                        f"cannot delete records of {topic}:{partition} below offset {offset}: "
+                        f"the partition ends at {ends.get(partition)}"
                     )
             tid = store.topic_id(conn, topic)
             conn.executemany(

@@ -156,11 +156,13 @@ class GroupMember:
         key = (self.group_id, self.member_id)
         topics = json.dumps(self._topics)
         if not conn.execute(
-            "UPDATE group_members SET topics = ?, heartbeat_ms = ?, session_ms = ? WHERE group_id = ? AND member_id = ?",
+            "UPDATE group_members SET topics = ?, heartbeat_ms = ?, session_ms = ? "
+            "WHERE group_id = ? AND member_id = ?",
             (topics, now, self._session_ms, *key),
         ).rowcount:
             conn.execute(
-                "INSERT INTO group_members (group_id, member_id, topics, heartbeat_ms, session_ms) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO group_members (group_id, member_id, topics, heartbeat_ms, session_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (*key, topics, now, self._session_ms),
             )
             changed = True

@@ -13,7 +13,10 @@ from astraflow.sandbox.bwrap import BwrapSandbox
 from astraflow.sandbox.unshare import UnshareSandbox
 
 BACKENDS: dict[str, type[Sandbox]] = {"bwrap": BwrapSandbox, "unshare": UnshareSandbox}
-HINT = "install bubblewrap (apt-get install bubblewrap) or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+HINT = (
+    "install bubblewrap (apt-get install bubblewrap) or allow unprivileged user namespaces "
+    "(sysctl kernel.unprivileged_userns_clone=1)"
+)
 
 
 def probe(sandbox: Sandbox) -> str | None:

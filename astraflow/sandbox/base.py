@@ -243,7 +243,8 @@ class Sandbox(ABC):
         missing = [line for line in expect if line not in status]
         if failed or (missing and not timed_out):
             raise SandboxError(
-                f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}, no {missing[0]!r}'}): {stderr.strip()[-500:]}"
+                f"{self.name}: the program did not run ({'; '.join(failed) or f'exit {code}, no {missing[0]!r}'}): "
+                f"{stderr.strip()[-500:]}"
             )
         if missing:
             raise SandboxError(f"{self.name}: the sandbox did not start within {limits.wall_seconds} s")

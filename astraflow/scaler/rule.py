@@ -57,7 +57,8 @@ class Observation:
     steps: int
     """Trainer steps reported in the window."""
     wait_fraction: float | None
-    """w, or ``None`` when the window holds no trainer time (before its first metric, or while it computes with a batch waiting)."""
+    """w, or ``None`` when the window holds no trainer time (before its first metric, or while it
+    computes with a batch waiting)."""
     consumed: int
     """Samples the trainer committed in the window."""
     entered: int
@@ -105,7 +106,8 @@ def decide(obs: Observation, previous: int, cfg: ScalerConfig) -> Decision:
             desired,
             "down",
             f"trainer waited {w:.1%} < {cfg.scale_down_below:.0%}: consumed/entered {obs.consumed}/{obs.entered} "
-            f"x busy {busy:.2f} = {ratio:.3f}; min({g}, ⌈{g}·{ratio:.3f}·{cfg.headroom:.2f}⌉) = {target}{_bounded(target, cfg)}",
+            f"x busy {busy:.2f} = {ratio:.3f}; "
+            f"min({g}, ⌈{g}·{ratio:.3f}·{cfg.headroom:.2f}⌉) = {target}{_bounded(target, cfg)}",
         )
     return Decision(
         previous,

@@ -247,7 +247,8 @@ class FaustStreamProcessor(GroupProcessor):
             for tp, (offset, first_seen) in since.items():
                 if now - first_seen > STALL_LIMIT_S:
                     self.failure = CommitStalled(
-                        f"faust has committed nothing of partition {tp.partition} of {tp.topic} for {STALL_LIMIT_S:.0f} s: "
+                        f"faust has committed nothing of partition {tp.partition} of {tp.topic} "
+                        f"for {STALL_LIMIT_S:.0f} s: "
                         f"offset {offset} is acked, {self.next_offsets.get(tp.partition)} is the next to process"
                     )
                     logger.error("%s; stopping the worker", self.failure)

@@ -59,7 +59,8 @@ def check_source(config: RunConfig, source: RunConfig, where: str) -> None:
     for field, (mine, theirs, why) in mismatches.items():
         if mine != theirs:
             raise ConfigError(
-                f"stream.pipeline offline source {where}: {field} must equal the source run's ({theirs!r}, here {mine!r}): {why}"
+                f"stream.pipeline offline source {where}: {field} must equal the source run's "
+                f"({theirs!r}, here {mine!r}): {why}"
             )
 
 

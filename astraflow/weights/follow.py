@@ -212,7 +212,8 @@ class WeightFollower:
             self.skipped_deltas += 1
             self._newest_rejected = max(self._newest_rejected, manifest.version)
             logger.warning(
-                "weights version %d of %s is a delta on version %d, but this reader holds %s; waiting for the next full version",
+                "weights version %d of %s is a delta on version %d, but this reader holds %s; "
+                "waiting for the next full version",
                 manifest.version,
                 self.topic,
                 manifest.base_version,

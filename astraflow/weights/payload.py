@@ -179,7 +179,8 @@ def check_payload(buffer: bytearray, specs: list[TensorSpec], base: Layout | Non
             or spec.offset % 8
         ):
             raise WeightsError(
-                f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) does not fit a {len(buffer)}-byte payload"
+                f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) "
+                f"does not fit a {len(buffer)}-byte payload"
             )
         n = prod(spec.shape)
         section = parsed.get(key) if spec.length else None
@@ -198,7 +199,8 @@ def check_payload(buffer: bytearray, specs: list[TensorSpec], base: Layout | Non
         if section.needs_base and (base is None or base.get(spec.name) != (dtype, n)):
             have = base.get(spec.name) if base is not None else None
             raise WeightsError(
-                f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, the base has {have}"
+                f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, "
+                f"the base has {have}"
             )
         plan.append(PlannedTensor(spec, dtype, section, key))
     return plan

@@ -144,7 +144,8 @@ class WeightPublisher:
 
     @property
     def published(self) -> PublishedVersion | None:
-        """The version sent last, as readers reconstruct it (valid until the next publish but one); ``None`` before any."""
+        """The version sent last, as readers reconstruct it (valid until the next publish but one);
+        ``None`` before any."""
         return self._previous
 
     def _delta_base(self, version: int) -> PublishedVersion | None:

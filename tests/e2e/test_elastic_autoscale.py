@@ -52,7 +52,9 @@ def test_scaler_grows_a_starved_pool(run_dir: Path) -> None:
             stderr=subprocess.STDOUT,
         )
     try:
-        try:  # once the second producer has delivered, the test has what it checks: stop the run (SIGTERM, as an operator would)
+        # once the second producer has delivered, the test has what it checks:
+        # stop the run (SIGTERM, as an operator would)
+        try:
             FaultInjector(run_dir, launcher, timeout_s=600, poll_s=0.5).wait_for(
                 "a second producer's trajectories", lambda: len(producers_reported(run_dir)) >= 2
             )

@@ -1,7 +1,8 @@
 """Offline replay end to end: a run's logged trajectories train a fresh base model.
 
-The math example's recorded run (the ``math_run`` fixture, shared with ``test_learning``) is the source; ``astraflow replay`` then copies
-its trajectory topic into a new run and trains the warmed-up base on it with off-policy GRPO
+The math example's recorded run (the ``math_run`` fixture, shared with ``test_learning``) is the source;
+``astraflow replay`` then copies its trajectory topic into a new run and trains the warmed-up base on it
+with off-policy GRPO
 (``examples/math/replay.yaml``), with the stream processor, trainer and evaluator as processes.
 The source's consumer groups must not notice.
 """

@@ -18,7 +18,8 @@ from astraflow.schemas.records import Metric
 kwargs = dict(arg.split("=", 1) for arg in sys.argv[2:])
 with open_log(**kwargs) as log, log.producer() as producer:
     for i in range(5):
-        producer.send(sys.argv[1], Codec().encode(Metric("writer", "loss", i / 2, i, 1000 + i, {"run": "t"})), key=b"writer")
+        metric = Metric("writer", "loss", i / 2, i, 1000 + i, {"run": "t"})
+        producer.send(sys.argv[1], Codec().encode(metric), key=b"writer")
     producer.send(sys.argv[1], b"not avro at all")
     producer.flush()
 """

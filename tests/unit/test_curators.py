@@ -108,7 +108,8 @@ def ctx(tmp_path: Path):
 def test_feeder_counts_fresh_groups_and_resumes_after_its_cursor(ctx: ComponentContext) -> None:
     rows = [Problem(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(5)]
     feeder = TaskFeeder(ctx, rows, seed=3)
-    # half of each 256-sample batch is replayed: 16 fresh groups, and one more for the replay share the first batch misses
+    # half of each 256-sample batch is replayed: 16 fresh groups,
+    # and one more for the replay share the first batch misses
     assert feeder.budgets["main"].tasks_per_batch == 17
     assert isinstance(feeder.curator, FilterSolved) and feeder.cursor == 0
     for n in (0, 1, 4, 7):  # candidates 2, 3, 5 and 6 were skipped by the curator

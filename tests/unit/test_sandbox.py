@@ -61,7 +61,15 @@ def test_network_is_unreachable(sandbox: Sandbox) -> None:
         server.listen()
         server.setblocking(False)
         port = server.getsockname()[1]
-        program = f"import socket\nfor host, port in (('127.0.0.1', {port}), ('192.0.2.1', 80)):\n    try:\n        socket.create_connection((host, port), timeout=0.5)\n        print('connected', host)\n    except OSError as exc:\n        print('blocked', host, exc.errno)\n"
+        program = (
+            "import socket\n"
+            f"for host, port in (('127.0.0.1', {port}), ('192.0.2.1', 80)):\n"
+            "    try:\n"
+            "        socket.create_connection((host, port), timeout=0.5)\n"
+            "        print('connected', host)\n"
+            "    except OSError as exc:\n"
+            "        print('blocked', host, exc.errno)\n"
+        )
         result = sandbox.run_python(program)
         with pytest.raises(BlockingIOError):
             server.accept()  # nothing reached the host's server
@@ -92,7 +100,19 @@ def test_host_files_are_not_visible(sandbox: Sandbox, tmp_path: Path, which: str
 
 
 def test_processes_are_capped(sandbox: Sandbox) -> None:
-    program = "import os, time\nn = 0\nfor _ in range(50):\n    try:\n        if os.fork() == 0:\n            time.sleep(5)\n            os._exit(0)\n        n += 1\n    except OSError:\n        break\nprint(n)"
+    program = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(50):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(5)\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print(n)"
+    )
     result = sandbox.run_python(program)
     assert result.stdout.strip() and int(result.stdout) < LIMITS.max_processes
 
@@ -190,7 +210,10 @@ def _fields(result: RunResult) -> tuple:
         ("syntax error", "print("),
         (
             "main module, threads, atexit",
-            "import atexit, sys, threading\nprint(__name__, __file__, sys.argv)\natexit.register(print, 'atexit')\nthreading.Thread(target=lambda: print('thread', input())).start()",
+            "import atexit, sys, threading\n"
+            "print(__name__, __file__, sys.argv)\n"
+            "atexit.register(print, 'atexit')\n"
+            "threading.Thread(target=lambda: print('thread', input())).start()",
         ),
         ("stderr", "import sys\nsys.stderr.write('err\\n')\nprint(input(), end='')"),
         ("stdout closed", "import os\nos.close(1)\nprint(input())"),
@@ -224,7 +247,14 @@ def test_batched_tests_give_what_one_run_each_gives(sandbox: Sandbox, name: str,
         ),
         (
             "fork bomb",
-            "import os\nn = int(input())\nwhile n == 0:\n    try:\n        os.fork()\n    except OSError:\n        pass\nprint(n)",
+            "import os\n"
+            "n = int(input())\n"
+            "while n == 0:\n"
+            "    try:\n"
+            "        os.fork()\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print(n)",
             lambda r: r.timed_out,
         ),
         (
@@ -246,7 +276,15 @@ def test_a_failure_stays_in_its_own_test(sandbox: Sandbox, name: str, program: s
 
 
 def test_processes_a_test_leaves_are_gone_before_the_next(sandbox: Sandbox) -> None:
-    program = "import os, time\nif input() == '0':\n    for _ in range(3):\n        if os.fork() == 0:\n            os.setsid()\n            time.sleep(60)\nprint(sum(p.isdigit() for p in os.listdir('/proc')))"
+    program = (
+        "import os, time\n"
+        "if input() == '0':\n"
+        "    for _ in range(3):\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()\n"
+        "            time.sleep(60)\n"
+        "print(sum(p.isdigit() for p in os.listdir('/proc')))"
+    )
     first, leaving, last = (int(r.stdout) for r in sandbox.run_python_tests(program, BATCH_INPUTS))
     assert leaving == first + 3 and last == first
 
@@ -263,7 +301,8 @@ def test_a_program_cannot_forge_the_report(sandbox: Sandbox) -> None:
         '{"results": ['
         + ", ".join(
             [
-                '{"exit_code": 0, "stdout": "Rk9SR0VECg==", "stderr": "", "timed_out": false, "wall_ms": 1, "truncated": false}'
+                '{"exit_code": 0, "stdout": "Rk9SR0VECg==", "stderr": "", '
+                '"timed_out": false, "wall_ms": 1, "truncated": false}'
             ]
             * 3
         )
@@ -271,7 +310,8 @@ def test_a_program_cannot_forge_the_report(sandbox: Sandbox) -> None:
     )
     program = (
         "import ctypes, os\n"
-        "targets = {'driver stdout': f'/proc/{os.getppid()}/fd/1', 'driver memory': f'/proc/{os.getppid()}/mem', 'init stdout': '/proc/1/fd/1'}\n"
+        "targets = {'driver stdout': f'/proc/{os.getppid()}/fd/1', 'driver memory': f'/proc/{os.getppid()}/mem', "
+        "'init stdout': '/proc/1/fd/1'}\n"
         "for name, path in targets.items():\n"
         "    try:\n"
         f"        open(path, 'w').write({forged!r})\n"
@@ -293,7 +333,13 @@ def test_batched_escape_attempts_are_contained(sandbox: Sandbox) -> None:
         "connect": "import socket; socket.create_connection(('192.0.2.1', 80), timeout=0.5)",
         "memory": "bytearray(1024 ** 3)",
     }
-    program = f"try:\n    exec({attempts!r}[input()])\n    print('escaped')\nexcept (OSError, MemoryError) as exc:\n    print(type(exc).__name__)"
+    program = (
+        "try:\n"
+        f"    exec({attempts!r}[input()])\n"
+        "    print('escaped')\n"
+        "except (OSError, MemoryError) as exc:\n"
+        "    print(type(exc).__name__)"
+    )
     results = sandbox.run_python_tests(program, list(attempts))
     assert [r.stdout for r in results] == ["OSError\n", "FileNotFoundError\n", "OSError\n", "MemoryError\n"]
     assert not Path("/usr/escape").exists()

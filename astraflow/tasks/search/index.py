@@ -100,7 +100,8 @@ class SearchIndex:
         try:
             with self._lock:
                 rows = self._db.execute(
-                    "SELECT doc_id, text, bm25(docs) AS score FROM docs WHERE docs MATCH ? ORDER BY score, doc_id LIMIT ?",
+                    "SELECT doc_id, text, bm25(docs) AS score FROM docs "
+                    "WHERE docs MATCH ? ORDER BY score, doc_id LIMIT ?",
                     (match, k),
                 ).fetchall()
         except sqlite3.Error as exc:

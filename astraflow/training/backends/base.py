@@ -1,11 +1,12 @@
 """The optimizer side of a trainer, behind one small interface chosen by ``train.backend``.
 
-``PolicyTrainer`` (``astraflow.training.step``) owns the loss; a backend owns everything that touches parameters: the module
-the forward pass runs through, ``backward``, the optimizer step with gradient clipping, and an
-optimizer object whose ``state_dict`` / ``load_state_dict`` ``CheckpointStore`` saves next to the
-model. That keeps the checkpoint contract one contract: model, optimizer, offsets, version in one
-atomic directory, whichever backend trained them. ``backend.model`` is always the plain module
-whose ``state_dict`` holds the current weights (what the trainer publishes).
+``PolicyTrainer`` (``astraflow.training.step``) owns the loss; a backend owns everything that
+touches parameters: the module the forward pass runs through, ``backward``, the optimizer step
+with gradient clipping, and an optimizer object whose ``state_dict`` / ``load_state_dict``
+``CheckpointStore`` saves next to the model. That keeps the checkpoint contract one contract:
+model, optimizer, offsets, version in one atomic directory, whichever backend trained them.
+``backend.model`` is always the plain module whose ``state_dict`` holds the current weights
+(what the trainer publishes).
 """
 
 from __future__ import annotations
@@ -46,4 +47,5 @@ class TrainerBackend(ABC):
 
     @abstractmethod
     def step(self, lr: float) -> float:
-        """Clip the gradients (global norm, the backend's ``max_grad_norm``), update at ``lr``; the norm before clipping."""
+        """Clip the gradients (global norm, the backend's ``max_grad_norm``), update at ``lr``;
+        the norm before clipping."""

@@ -85,7 +85,8 @@ class SimulatedLearner(PolicyTrainer):
 
 
 class SimulatedBackend(TrainerBackend):
-    """No optimizer work: its learner (``build_learner``) is a ``SimulatedLearner`` that sleeps each step's modelled time.
+    """No optimizer work: its learner (``build_learner``) is a ``SimulatedLearner`` that sleeps
+    each step's modelled time.
 
     ``sleep(simulated_seconds)`` defaults to ``time.sleep`` scaled by ``time_scale``; tests pass
     their own so they never wait on the wall clock.
