@@ -1,6 +1,6 @@
 """``astraflow broker start | status | stop``: the local single-node Kafka broker.
 
-Imported by ``astraflow/cli.py`` at start-up, so this module imports only typer; the broker
+Imported by ``astraflow.cli`` at start-up, so this module imports only typer; the broker
 module (and with it confluent-kafka) loads inside each command.
 """
 

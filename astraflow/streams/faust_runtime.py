@@ -19,7 +19,7 @@ every record of one input record - changelog entries, dead letters, PromptStats,
 through the transactional producer that faust keeps for the input's partition, and commits only
 between two records. Steps, per input record:
 
-1. Take the processing lock (faust's commits wait for it; see ``_QuiescentConsumer``).
+1. Take the processing lock (faust's commits wait for it; see ``QuiescentConsumer``).
 2. Decode, validate, group, run the operators and collect the output records (``_handle``, no
    I/O): dead letters, PromptStats and samples; the change to the group's table entries is
    applied and kept for the commit.
@@ -53,19 +53,22 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import cached_property
+from collections.abc import AsyncIterator
 from typing import Any
 
 import faust
-from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
-from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
 from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError, ConfigError
+from astraflow.errors import ConfigError
 from astraflow.log import Message
 from astraflow.metric_names import STREAM_FAUST_SKIPPED_RECORDS
+from astraflow.streams.faust_consumer import (
+    CommitStalled,
+    Outbox,
+    QuiescentTransport,
+    replication_factor,
+)
 from astraflow.streams.faust_table import PendingTable, read_range, read_records, start_offset
 from astraflow.streams.operators import GroupBuffer
 from astraflow.streams.processing import GroupProcessor
@@ -88,89 +91,6 @@ LINGER_S = 0.1
 """How long the producer waits to fill a batch. Records are read only once their transaction
 commits, which sends whatever waits, so fuller batches (fewer requests for the broker) cost no
 latency; it stays below ``COMMIT_INTERVAL_S`` so batches go out while the transaction runs."""
-
-
-class CommitStalled(AstraFlowError):
-    """Faust stopped committing a partition's acked records."""
-
-
-def replication_factor(bootstrap: str, topic: str) -> int:
-    """How many replicas ``topic`` has: the changelog gets as many as the input it mirrors."""
-    from confluent_kafka.admin import AdminClient
-
-    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
-    return len(metadata.topics[topic].partitions[0].replicas)
-
-
-class _QuiescentConsumer(AIOKafkaConsumer):
-    """Faust's aiokafka consumer whose commits wait for the record being processed.
-
-    Faust commits from a timer, from its fetcher and during rebalances and shutdown. A commit
-    in the middle of a record would put part of its outputs into a transaction without its
-    offset; a crash then re-processes the record and writes that part twice.
-    """
-
-    before_commit: Callable[[], Awaitable[None]] | None = None
-    """Called at each commit, between two records, before faust commits: the agent writes the
-    changes of its table there (``PendingTable.flush``), inside the transactions being committed."""
-
-    @cached_property
-    def processing(self) -> asyncio.Lock:
-        return asyncio.Lock()
-
-    async def commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
-        async with self.processing:
-            if self.before_commit is not None:
-                await self.before_commit()
-            return await super().commit(topics, start_new_transaction=start_new_transaction)
-
-    def abandon(self, timeout: float = 10.0) -> None:
-        """End the thread running the Kafka consumer at once: no commit, no goodbye to the group
-        (a failed worker's exit, as a crash would leave it). The thread is not a daemon: left
-        running, it would keep the failed process alive instead of letting it be restarted."""
-        service = self._thread
-        service.thread_loop.call_soon_threadsafe(service.thread_loop.stop)
-        worker = getattr(service, "_thread", None)  # mode's WorkerThread running that loop
-        if worker is not None:
-            worker.join(timeout)
-
-    def uncommitted(self) -> dict[TP, int]:
-        """The first offset of each partition that the agent acked and faust has not committed yet."""
-        return {tp: min(offsets) for tp, offsets in self._acked.items() if offsets}
-
-    def ack_offsets(self, tp: TP, offsets: range) -> None:
-        """Count records the agent processed without faust delivering them as acked, as ``ack`` does.
-
-        Faust commits a partition only up to its first offset that was neither acked nor a gap in
-        the log, so without this the records after them would never be committed.
-        """
-        committed, acked, index = self._committed_offset[tp], self._acked[tp], self._acked_index[tp]
-        for offset in offsets:
-            if (committed is None or offset >= committed) and offset not in index:
-                index.add(offset)
-                acked.append(offset)
-
-
-class _Transport(AIOKafkaTransport):
-    Consumer = _QuiescentConsumer
-
-
-class Outbox:
-    """The records one input record produces, sent together by the agent (a ``RecordSink``)."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes | None, bytes | None, int | None]] = []
-
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.records.append((topic, key, value, None))
-
-    def put(self, topic: str, key: bytes, value: bytes | None, partition: int) -> None:
-        """A record for a given partition (a changelog entry; ``None`` deletes it)."""
-        self.records.append((topic, key, value, partition))
-
-    def drain(self) -> list[tuple[str, bytes | None, bytes | None, int | None]]:
-        records, self.records = self.records, []
-        return records
 
 
 class FaustStreamProcessor(GroupProcessor):
@@ -280,7 +200,7 @@ class FaustStreamProcessor(GroupProcessor):
             consumer_max_fetch_size=MAX_RECORD_BYTES,
         )
         app.in_worker = True  # what faust's Worker sets: transactions are only used inside a worker
-        app.transport = _Transport(app.conf.broker_consumer, app)
+        app.transport = QuiescentTransport(app.conf.broker_consumer, app)
         table = app.Table("pending", partitions=partitions, key_type=bytes, value_type=bytes)
         changelog = table.changelog_topic.get_topic_name()
         self.table = PendingTable(

@@ -1,0 +1,27 @@
+"""The ``astraflow`` typer app and the argument types its commands share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from astraflow.broker.cli import broker_app
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="AstraFlow: RL for agentic LLMs on a durable Avro log."
+)
+app.add_typer(broker_app, name="broker")
+
+ConfigArg = Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Run config (YAML).")]
+RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory (default runs/<run name>).")]
+BackendOpt = Annotated[
+    Optional[str], typer.Option("--backend", help="Log backend: embedded or kafka (overrides log.backend).")
+]
+BootstrapOpt = Annotated[
+    Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap servers (overrides log.bootstrap).")
+]
+PolicyOpt = Annotated[
+    Optional[str], typer.Option("--policy", help="Which of the config's policies (required when it declares several).")
+]
