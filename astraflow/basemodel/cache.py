@@ -25,10 +25,11 @@ import shutil
 from pathlib import Path
 
 from astraflow.config import RunConfig
+from astraflow.envs.episodes import AgentLimits, demonstrate
 from astraflow.models.base import base_checkpoint_dir
 from astraflow.rundir import RunDir, cache_root
-from astraflow.tasks.catalog import is_multi_turn
-from astraflow.tasks.datasets import task_data_version
+from astraflow.tasks.catalog import is_multi_turn, open_environments
+from astraflow.tasks.datasets import load_policy_split, task_alphabet, task_data_version, task_demonstration
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,6 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
 
     from astraflow.models.loading import save_policy
     from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-    from astraflow.tasks.datasets import load_policy_split, task_alphabet
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     m, w = config.model, config.warmup
@@ -109,10 +109,7 @@ def _warm_up_on_demonstrations(
     config: RunConfig, run_dir: Path, model, tokenizer, train: list, heldout: list, fit_options: dict
 ):
     from astraflow.basemodel.sft import demonstration_examples, fit
-    from astraflow.envs.episodes import AgentLimits, demonstrate
     from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
-    from astraflow.tasks.catalog import open_environments
-    from astraflow.tasks.datasets import task_demonstration
 
     r = config.rollout
     make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(run_dir).data)

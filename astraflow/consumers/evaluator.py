@@ -19,8 +19,13 @@ import threading
 import time
 
 from astraflow.context import ComponentContext
+from astraflow.envs.episodes import AgentLimits
 from astraflow.metric_names import EVAL_ACCURACY, EVAL_SECONDS
+from astraflow.models.base import base_checkpoint_path
 from astraflow.rundir import RunDir
+from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
+from astraflow.tasks.catalog import is_multi_turn, open_environments
+from astraflow.tasks.datasets import load_policy_split
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -32,9 +37,7 @@ class Evaluator:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         import torch
 
-        from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
-        from astraflow.tasks.datasets import load_policy_split
 
         torch.set_num_threads(ctx.config.eval.threads)
         self.ctx = ctx
@@ -46,14 +49,10 @@ class Evaluator:
 
     def _scorer(self):
         """What one evaluation computes: ``score()`` → held-out accuracy (or success rate) of ``self.model``."""
-        from astraflow.tasks.catalog import is_multi_turn
-
         config = self.ctx.config
         r = config.rollout
         if is_multi_turn(r.workflow):
-            from astraflow.envs.episodes import AgentLimits
             from astraflow.evaluation.heldout import evaluate_episodes
-            from astraflow.tasks.catalog import open_environments
 
             make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(self.ctx.run_dir).data)
             limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
@@ -61,7 +60,6 @@ class Evaluator:
                 self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow
             )
         from astraflow.evaluation.heldout import evaluate_exact_match
-        from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
 
         reward = judge_reward if config.role == "judge" else exact_match_reward
         return lambda: evaluate_exact_match(

@@ -17,6 +17,8 @@ import threading
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError
 from astraflow.metric_names import eval_system
+from astraflow.models.base import base_checkpoint_path
+from astraflow.tasks.datasets import load_task_split
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -28,9 +30,7 @@ class SystemEvaluator:
     def __init__(self, ctx: ComponentContext) -> None:
         import torch
 
-        from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
-        from astraflow.tasks.datasets import load_task_split
 
         cfg = ctx.config
         torch.set_num_threads(cfg.eval.threads)

@@ -29,9 +29,10 @@ from astraflow.context import ComponentContext
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.log import Message, TopicPartition
 from astraflow.metric_names import TRAIN_VERSION, train_metric
+from astraflow.models.base import base_checkpoint_path
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import TrainSample
-from astraflow.training.checkpoint import RECALL_WINDOW
+from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState
 from astraflow.weights.publish import WeightPublisher
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,7 @@ class Trainer:
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
         import torch
 
-        from astraflow.models.base import base_checkpoint_path
         from astraflow.models.loading import load_policy
-        from astraflow.training.checkpoint import CheckpointStore
         from astraflow.training.learner import build_learner
         from astraflow.training.step import PolicyStepConfig
 
@@ -202,7 +201,6 @@ class Trainer:
                 reader.close()
 
     def _step(self, batch: list[TrainSample], last: Message, waited: float) -> None:
-        from astraflow.training.checkpoint import TrainerState
         from astraflow.training.step import PolicyExample
 
         ctx = self.ctx

@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from astraflow.analysis.report import write_report
 from astraflow.config import RunConfig, dump_config
 from astraflow.context import ComponentContext, open_run_log
 from astraflow.errors import AstraFlowError, LogError
@@ -247,7 +248,6 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     if failure:
         summary["failed"] = failure
     RunDir(run_dir).summary.write_text(json.dumps(summary, indent=2))
-    from astraflow.analysis.report import write_report
 
     write_report(RunDir(run_dir).metrics, RunDir(run_dir).report)
     recorder.close()

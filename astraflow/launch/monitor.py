@@ -21,6 +21,7 @@ from pathlib import Path
 from astraflow.analysis.producer_stats import ProducerTally
 from astraflow.config import RunConfig
 from astraflow.errors import AstraFlowError, LogError
+from astraflow.launch.dashboard import Dashboard
 from astraflow.log import Log, TopicPartition
 from astraflow.metric_names import EVAL_ACCURACY, EVAL_SYSTEM_PREFIX, STREAM_GROUP_REWARD, TRAIN_VERSION
 from astraflow.rundir import RunDir
@@ -139,8 +140,6 @@ class RunMonitor:
     def follow(self, children: list, dashboard: bool, on_refresh: Callable[[], str | None] | None = None) -> None:
         """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks
         (a note for the dashboard, or ``None``)."""
-        from astraflow.launch.dashboard import Dashboard
-
         with Dashboard(self, enabled=dashboard) as view:
             while True:
                 self._consume(timeout=REFRESH_S)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from astraflow.config import RunConfig, load_config
+from astraflow.context import ComponentContext
 from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,6 @@ def stop_on_signals() -> threading.Event:
 
 def run_component(name: str, config: RunConfig, run_dir: Path, body: Callable[..., None]) -> None:
     """Open the component's context and run ``body(ctx, stop)`` until a stop signal."""
-    from astraflow.context import ComponentContext
-
     setup_logging(name, run_dir)
     stop = stop_on_signals()
     ctx = ComponentContext(config, run_dir, name)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from astraflow.analysis.report import write_report
 from astraflow.attach import AttachedRun
 from astraflow.config import RunConfig, dump_config, parse_config
 from astraflow.config.pipeline import StalenessSpec
@@ -235,7 +236,6 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     summary = monitor.summary(warmup_seconds=warmup_seconds, interrupted=interrupted)
     summary["replay"] = _replay_section(config, source, span, copier, monitor.stop_reason)
     RunDir(run_dir).summary.write_text(json.dumps(summary, indent=2))
-    from astraflow.analysis.report import write_report
 
     write_report(RunDir(run_dir).metrics, RunDir(run_dir).report)
     log.close()

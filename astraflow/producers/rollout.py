@@ -42,6 +42,7 @@ import time
 import numpy as np
 
 from astraflow.context import ComponentContext, now_ms
+from astraflow.engines import build_engine
 from astraflow.errors import AstraFlowError, LogError, RecordTooLargeError
 from astraflow.metric_names import (
     ROLLOUT_BUSY_SECONDS,
@@ -51,10 +52,12 @@ from astraflow.metric_names import (
     ROLLOUT_VERSION_LAG,
     ROLLOUT_WEIGHTS_APPLIED_MS,
 )
+from astraflow.models.base import base_checkpoint_path
 from astraflow.producers.workflows.base import Provenance, TaskOutcome
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import RolloutTask, Trajectory
+from astraflow.tasks.datasets import load_task_split
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -70,10 +73,6 @@ class RolloutProducer:
 
     def __init__(self, ctx: ComponentContext, region: str = "local", hardware: str | None = None) -> None:
         import torch
-
-        from astraflow.engines import build_engine
-        from astraflow.models.base import base_checkpoint_path
-        from astraflow.tasks.datasets import load_task_split
 
         cfg = ctx.config
         torch.set_num_threads(cfg.rollout.threads)

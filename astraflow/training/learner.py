@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from astraflow.config import DeepSpeedOptions, SimulatedTrainerOptions
 from astraflow.training.backends.base import OptimizerState, TrainerBackend
-from astraflow.training.backends.simulated import SimulatedLearner
+from astraflow.training.backends.deepspeed_zero import DeepSpeedBackend
+from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
+from astraflow.training.backends.torch_adamw import TorchBackend
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, StepStats
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
-
-    from astraflow.config import DeepSpeedOptions, SimulatedTrainerOptions
 
 
 class Learner(Protocol):
@@ -46,21 +47,13 @@ def build_backend(
 ) -> TrainerBackend:
     """The backend ``name`` over ``model`` with an AdamW of these settings."""
     if name == "torch":
-        from astraflow.training.backends.torch_adamw import TorchBackend
-
         return TorchBackend(model, lr, betas, weight_decay, max_grad_norm)
     if name == "deepspeed":
-        from astraflow.config import DeepSpeedOptions
-        from astraflow.training.backends.deepspeed_zero import DeepSpeedBackend
-
         options = deepspeed or DeepSpeedOptions()
         return DeepSpeedBackend(
             model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer
         )
     if name == "simulated":
-        from astraflow.config import SimulatedTrainerOptions
-        from astraflow.training.backends.simulated import SimulatedBackend, TrainTimeModel
-
         options = simulated or SimulatedTrainerOptions()
         return SimulatedBackend(model, TrainTimeModel.from_options(options), options.time_scale)
     raise ValueError(f"unknown trainer backend {name!r}; choose 'torch', 'deepspeed' or 'simulated'")
