@@ -2,7 +2,7 @@
 
 The metrics topic gives accuracy, group reward, staleness and each producer's version lag; the
 trajectories topics give reward by weight version and, with the samples topics, records/s over
-time from record timestamps. Both are read as snapshots by assignment (``attach.py``), so a run
+time from record timestamps. Both are read as snapshots by assignment (``astraflow/attach.py``), so a run
 that is still going is neither disturbed nor waited for. Without a log to attach to (an embedded
 run directory whose ``log.sqlite`` was removed) the run monitor's ``metrics.jsonl`` is used alone.
 Times are seconds since the run's first record.

@@ -15,7 +15,7 @@ What each number is made of:
 - **producers**: throughput and version lag per rollout producer, with its region and hardware,
   from the producers' metrics (``producer_stats.py``).
 
-All reads are snapshots by assignment (see ``attach.py``), so the run is not disturbed.
+All reads are snapshots by assignment (see ``astraflow/attach.py``), so the run is not disturbed.
 """
 
 from __future__ import annotations

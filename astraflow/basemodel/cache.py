@@ -11,7 +11,7 @@ component loads it. A multi-policy run warms each policy up on its own data (``l
 A multi-turn workflow (``search``, ``code``, ``rooms``, ``http_env``) gets a tokenizer over its
 task's alphabet (``task_alphabet``), a longer context, and a warm-up on demonstrated episodes
 played in the run's own environments, scored by the greedy held-out success rate of the same
-episodes the evaluator plays (``warmup.py``); its cache key adds the workflow, the reward, the
+episodes the evaluator plays (``sft.py``); its cache key adds the workflow, the reward, the
 ``agent`` section and the turn budget.
 """
 

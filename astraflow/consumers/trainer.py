@@ -4,7 +4,7 @@ Steps of one version (the order is the guarantee):
 
 1. Read samples of ``{run}.samples.{policy}`` in offset order (undecodable or duplicate samples are
    dead-lettered / dropped and counted) until the oldest complete groups hold ``batch_samples``.
-2. One optimizer step on that batch (``policy_step``): version v → v + 1.
+2. One optimizer step on that batch (``astraflow.training.step``): version v → v + 1.
 3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and the
    offset *after* the batch's last sample (``CheckpointStore``), with every version's offsets and
    the offsets this trainer resumed from (``astraflow audit`` reads which samples were trained).

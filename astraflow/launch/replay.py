@@ -25,7 +25,7 @@ the staleness filter would compare the two and drop groups depending on how far 
 had got when the stream processor reached them. ``replay_config`` therefore removes the
 ``staleness`` operator. The off-policy gap is corrected where it always is: the trainer's
 decoupled PPO loss weights each token by ``min(π_θ / π_b, C)`` against the behaviour log-probs
-the source producer recorded (``consumers/loss.py``). For the same reason ``stream.staleness``
+the source producer recorded (``training/loss.py``). For the same reason ``stream.staleness``
 and ``train.staleness_max`` of a replay run compare unrelated version counters.
 """
 

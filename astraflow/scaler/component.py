@@ -6,14 +6,14 @@ Steps (every ``scaler.interval_s``):
    ``ScalerWindow``: trainer wait and step seconds, which producers reported, their busy seconds.
 2. Sample the trainer's input: records appended to ``{run}.samples.{policy}`` and the trainer
    group's committed offsets on it (``Log.group_offsets``, read-only: the group is never joined).
-3. Decide (``AutoScaler``, rule in ``scaler.py``) and write two metrics: ``scaler.wait_fraction``
+3. Decide (``AutoScaler``, rule in ``rule.py``) and write two metrics: ``scaler.wait_fraction``
    and ``scaler.desired_producers`` labelled with the rule, the reason in words, the bounds and
    every input of the decision (``producers``, ``steps``, ``wait_fraction``, ``entered``,
    ``consumed``, ``busy``, ``waiting_s``, ``at_ms``, ``started_ms``), so any decision can be audited and
    replayed. Holds are written too, so a reader always finds the current desired count.
 
 The scaler starts and stops nothing. ``astraflow run`` reads the decisions from the metrics topic
-and resizes its local pool (``infra/pool.py``); on a cluster an external orchestrator (a
+and resizes its local pool (``launch/pool.py``); on a cluster an external orchestrator (a
 Kubernetes controller, KEDA on the metric) can act on the same records instead.
 """
 

@@ -7,7 +7,7 @@ advantage is broadcast to its tokens by the trainer.
   sample standard deviation (ddof = 1), as in TRL and verl, which use ``torch.std``.
 - Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = r_i − mean(r), no std.
   Its other half, summing token losses and dividing by a constant instead of each response's
-  length, is the trainer's aggregation ``seq-mean-token-sum-norm`` (``consumers/policy_step.py``);
+  length, is the trainer's aggregation ``seq-mean-token-sum-norm`` (``training/step.py``);
   pair the two in the run config.
 - RLOO (Ahmadian et al. 2024): A_i = r_i − mean_{j≠i} r_j = G/(G−1) · (r_i − mean(r)).
 - REINFORCE++ baseline (Hu 2025): A_i = r_i − mean(r), then whitened by the mean and std over the
