@@ -1,1 +1,1 @@
-"""AstraFlow producers."""
+"""Producers: the task feeder with its curators, the rollout producer, and the workflows it runs."""
