@@ -79,6 +79,6 @@ def build_learner(
         deepspeed=deepspeed,
         simulated=simulated,
     )
-    if name == "simulated":
+    if isinstance(backend, SimulatedBackend):
         return SimulatedLearner(model, pad_id, config, backend)
     return PolicyTrainer(model, pad_id, config, backend=backend)
