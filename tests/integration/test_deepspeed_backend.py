@@ -21,7 +21,7 @@ from astraflow.config import parse_config
 from astraflow.engines.torch_engine import TorchEngine
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.training.checkpoint import CheckpointStore, TrainerState
-from astraflow.training.learner import build_backend
+from astraflow.training.learner import build_learner
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
@@ -59,16 +59,7 @@ def _trainer(name: str, model, pad_id: int, stage: int = 2, offload: bool = Fals
     options = parse_config(
         {"train": {"backend": name, "deepspeed": {"zero_stage": stage, "offload_optimizer": offload}}}
     ).train.deepspeed
-    backend = build_backend(
-        name,
-        model,
-        lr=STEP.lr,
-        betas=STEP.betas,
-        weight_decay=STEP.weight_decay,
-        max_grad_norm=STEP.max_grad_norm,
-        deepspeed=options,
-    )
-    return PolicyTrainer(model, pad_id, STEP, backend=backend)
+    return build_learner(name, model, pad_id, STEP, deepspeed=options)
 
 
 def _run(trainer: PolicyTrainer, batches) -> list[float]:
