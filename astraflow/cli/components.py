@@ -12,10 +12,18 @@ from astraflow.cli.app import BackendOpt, BootstrapOpt, ConfigArg, PolicyOpt, Ru
 from astraflow.rundir import RunDir
 
 
-def _component(name: str, config: Path, run_dir: Optional[Path], backend: Optional[str], bootstrap: Optional[str]):
+def _component(
+    config: Path,
+    run_dir: Optional[Path],
+    backend: Optional[str],
+    bootstrap: Optional[str],
+    overrides: dict[str, object] | None = None,
+):
+    """The resolved config (YAML, ``--backend``/``--bootstrap``, ``overrides``) and the run directory
+    (``--run-dir``, else ``runs/<run>``)."""
     from astraflow.launch.process import resolve_config
 
-    cfg = resolve_config(config, backend, bootstrap)
+    cfg = resolve_config(config, backend, bootstrap, overrides)
     return cfg, run_dir or RunDir.default(cfg.run).root
 
 
@@ -38,7 +46,7 @@ def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = Non
     from astraflow.basemodel.cache import ensure_base_checkpoint
     from astraflow.launch.process import setup_logging
 
-    cfg, directory = _component("warmup", config, run_dir, None, None)
+    cfg, directory = _component(config, run_dir, None, None)
     setup_logging("warmup", directory)
     for name in (policy,) if policy else cfg.policy_names():
         typer.echo(ensure_base_checkpoint(cfg.for_policy(name), directory))
@@ -53,7 +61,7 @@ def feed(
     from astraflow.producers.feeder import TaskFeeder
     from astraflow.tasks.datasets import load_task_split
 
-    cfg, directory = _component("feed", config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap)
     rows = load_task_split(cfg.task, directory, "train")
     run_component("feed", cfg, directory, lambda ctx, stop: TaskFeeder(ctx, rows, cfg.task.seed).run(stop))
 
@@ -76,14 +84,13 @@ def rollout(
     ] = None,
 ) -> None:
     """Rollout producer: joins the pool at any time (after catching up on weights), leaves cleanly on SIGTERM."""
-    from astraflow.launch.process import resolve_config, run_component
+    from astraflow.launch.process import run_component
     from astraflow.producers.rollout import RolloutProducer
 
     overrides = {
         key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value
     }
-    cfg = resolve_config(config, backend, bootstrap, overrides)
-    directory = run_dir or RunDir.default(cfg.run).root
+    cfg, directory = _component(config, run_dir, backend, bootstrap, overrides)
     run_component(
         "rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region, hardware=hardware).run(stop)
     )
@@ -97,7 +104,7 @@ def scale(
     from astraflow.launch.process import run_component
     from astraflow.scaler.component import ScalerComponent
 
-    cfg, directory = _component("scale", config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap)
     run_component("scale", cfg, directory, lambda ctx, stop: ScalerComponent(ctx, cfg.policy).run(stop))
 
 
@@ -119,10 +126,9 @@ def stream(
     policy: PolicyOpt = None,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
-    from astraflow.launch.process import resolve_config, run_component
+    from astraflow.launch.process import run_component
 
-    cfg = resolve_config(config, backend, bootstrap, {"stream.runtime": runtime} if runtime else None)
-    directory = run_dir or RunDir.default(cfg.run).root
+    cfg, directory = _component(config, run_dir, backend, bootstrap, {"stream.runtime": runtime} if runtime else None)
     cfg = _one_policy(cfg, policy)
     if cfg.stream_runtime() == "faust":
         from astraflow.streams.faust_runtime import FaustStreamProcessor as Processor
@@ -143,7 +149,7 @@ def train(
     from astraflow.consumers.trainer import Trainer
     from astraflow.launch.process import run_component
 
-    cfg, directory = _component("train", config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap)
     cfg = _one_policy(cfg, policy)
     run_component("train", cfg, directory, lambda ctx, stop: Trainer(ctx, cfg.policy).run(stop))
 
@@ -165,7 +171,7 @@ def evaluate(
     """Evaluator: held-out greedy exact match of each new weight version → metrics topic."""
     from astraflow.launch.process import run_component
 
-    cfg, directory = _component("evaluate", config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap)
     if system:
         from astraflow.consumers.system_evaluator import SystemEvaluator
 
@@ -190,11 +196,9 @@ def run(
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
     from astraflow.launch.launcher import launch
-    from astraflow.launch.process import resolve_config
 
     overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
-    cfg = resolve_config(config, backend, bootstrap, overrides)
-    directory = run_dir or RunDir.default(cfg.run).root
+    cfg, directory = _component(config, run_dir, backend, bootstrap, overrides)
     summary = launch(cfg, directory, dashboard=dashboard)
     typer.echo(f"run directory: {directory}")
     typer.echo(
@@ -238,17 +242,16 @@ def replay(
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     from astraflow.attach import open_run
-    from astraflow.launch.process import resolve_config
     from astraflow.launch.replay import parse_time_ms
     from astraflow.launch.replay import replay as replay_run
 
-    cfg = resolve_config(config, backend, bootstrap, {"stop.max_minutes": max_minutes} if max_minutes else None)
+    overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
+    cfg, directory = _component(config, run_dir, backend, bootstrap, overrides)
     span = {
         "from_offset": from_offset,
         "since_ms": parse_time_ms(since, "--since") if since else None,
         "until_ms": parse_time_ms(until, "--until") if until else None,
     }
-    directory = run_dir or RunDir.default(cfg.run).root
     with open_run(source, backend=source_backend, bootstrap=source_bootstrap) as attached:
         summary = replay_run(cfg, attached, directory, span, dashboard=dashboard)
     section = summary["replay"]
