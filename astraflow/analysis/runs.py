@@ -64,14 +64,9 @@ def namespaces(log: Log) -> dict[str, list[str]]:
     return runs
 
 
-def is_run_dir(path: Path) -> bool:
-    """A directory that holds a run: a saved ``config.yaml`` or an embedded ``log.sqlite``."""
-    return path.is_dir() and ((path / "config.yaml").exists() or (path / "log.sqlite").exists())
-
-
 def run_dirs(root: Path) -> list[Path]:
     """The run directories directly under ``root``."""
-    return sorted(d for d in root.iterdir() if is_run_dir(d)) if root.is_dir() else []
+    return sorted(d for d in root.iterdir() if RunDir(d).looks_like_run()) if root.is_dir() else []
 
 
 def dir_config(run_dir: Path, bootstrap: str | None = None) -> RunConfig:
@@ -133,7 +128,7 @@ def resolve_run(run: str, root: Path, bootstrap: str | None = None) -> RunRef:
     """``run`` as a run directory path, a directory name under ``root``, or (with ``bootstrap``) a
     run namespace on that Kafka cluster."""
     for candidate in (Path(run), root / run):
-        if is_run_dir(candidate):
+        if RunDir(candidate).looks_like_run():
             config = dir_config(candidate, bootstrap)
             return RunRef(config.run, candidate, config, bootstrap)
     if bootstrap:
