@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.attach import decode_snapshot
 from astraflow.config import load_config
 from astraflow.consumers.trainer import Trainer
 from astraflow.context import ComponentContext
-from astraflow.log import TopicPartition
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, create_tiny_checkpoint
-from astraflow.schemas.records import Metric, TrainSample, Trajectory
+from astraflow.schemas.records import TrainSample, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = Path(__file__).parent / "golden" / "trainer_reference.json"
@@ -104,7 +104,7 @@ def train_reference(tmp_path: Path) -> dict[str, object]:
     trainer._step = step_then_stop_at_the_last_version
     try:
         trainer.run(stop)
-        metrics = read_topic(ctx, ctx.topics.metrics())
+        metrics = [record for _, record in decode_snapshot(ctx.log, ctx.topics.metrics())]
     finally:
         ctx.close()
     losses = [m.value for m in sorted(metrics, key=lambda m: m.step) if m.name == "train.loss"]
@@ -113,20 +113,6 @@ def train_reference(tmp_path: Path) -> dict[str, object]:
         for name, t in trainer.learner.model.state_dict().items()
     }
     return {"losses": losses, "weights_sha256": digests, "final_sum_norm": norms}
-
-
-def read_topic(ctx: ComponentContext, topic: str) -> list[Metric]:
-    """Every record of ``topic`` up to its end offsets."""
-    ends = ctx.log.end_offsets(topic)
-    consumer = ctx.log.consumer()
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in ends])
-        records = []
-        while len(records) < sum(ends.values()):
-            records += [ctx.codec.decode(m.value, expect=Metric) for m in consumer.poll(max_records=1024, timeout=1.0)]
-        return records
-    finally:
-        consumer.close()
 
 
 def test_the_trainer_reproduces_the_recorded_losses_and_weights(tmp_path: Path) -> None:
