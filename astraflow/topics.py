@@ -1,4 +1,4 @@
-"""Topic names and settings of a run: ``{run}.{kind}.{name}`` (see DESIGN.md, "Topics and records").
+"""Topic names and settings of a run: ``{run}.{kind}.{name}`` (see docs/architecture.md, "Topics and records").
 
 One place decides every topic's partitions and limits so that all components, on either backend,
 create and read the same layout. The weights topic has two partitions on purpose: manifests go to

@@ -19,7 +19,7 @@ rollout producers either on the host or in a ``RemoteRegion`` (a network namespa
 link itself (produce round trip and bulk MB/s of a plain Kafka client in the region and on the
 host). Needs root for the namespaces; skipped with the reason otherwise.
 
-On this machine (2 cores) producers and trainer share the cores (PERFORMANCE.md), so a bigger pool
+On this machine (2 cores) producers and trainer share the cores, so a bigger pool
 cannot add compute: read producer-seconds and w, not wall time. ``--quick`` only checks the harness
 in under a minute (the autoscaled variant for 15 s and the link probe; no cross-region run) and
 writes ``elastic_quick.json``; it measures nothing.

@@ -23,7 +23,7 @@ Part ``real`` (``examples/solver_verifier/config.yaml``): the tiny models on thi
 schedule capped at ``--real-max-seconds`` of training: wall time until solver held-out EM >= 0.85
 and verifier held-out judgement accuracy >= 0.90 (or what each reached at the cap), time per
 version, final solver-alone and system accuracy, CPU per process. On 2 cores every schedule does
-about the same CPU work per version (PERFORMANCE.md), so the ratios stay near 1 there.
+about the same CPU work per version, so the ratios stay near 1 there.
 
     .venv/bin/python benchmarks/multi_policy.py                 # both parts (real last: CPU-heavy)
     .venv/bin/python benchmarks/multi_policy.py --parts sim
@@ -70,7 +70,7 @@ SCHEDULES = ("async", "lockstep", "trainer_centred")
 WHY_NEAR_1 = (
     "On 2 cores generation and training share the same cores: overlapping them (async) or keeping them apart "
     "(lockstep, trainer-centred) does the same CPU work per version, so no schedule can win by more than what it "
-    "wastes (PERFORMANCE.md). The speed-ups of asynchronous RL come from accelerators that a synchronous schedule "
+    "wastes. The speed-ups of asynchronous RL come from accelerators that a synchronous schedule "
     "leaves idle, which part 'sim' models."
 )
 LABELS = {"async": "(a) async", "lockstep": "(b) lockstep", "trainer_centred": "(c) trainer-centred"}

@@ -5,9 +5,9 @@ single characters, wrapped as a ``PreTrainedTokenizerFast`` with ``<pad>``/``<eo
 the model is a randomly initialised ``LlamaForCausalLM``. Both are written with
 ``save_pretrained`` so that ``astraflow.models.loading.load_policy`` loads them exactly like a real
 checkpoint. The default size (4 layers, hidden 128, ~1.05M parameters) is the reference model of
-PERFORMANCE.md.
+the benchmarks (docs/benchmarks.md).
 
-Why Llama and not Qwen2 (PERFORMANCE.md's reference is a Qwen2 of the same shape): transformers 5
+Why Llama and not Qwen2 (the first reference measurements used a Qwen2 of the same shape): transformers 5
 ``AutoTokenizer`` forces its byte-level ``Qwen2Tokenizer`` on any ``qwen2`` checkpoint, whatever
 the saved tokenizer says, which would break a character vocabulary (spaces and newlines vanish).
 For ``llama`` it honours the saved ``TokenizersBackend``. The two differ only by Qwen2's QKV bias.

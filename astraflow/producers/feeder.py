@@ -1,6 +1,6 @@
 """Task feeder: dataset prompts → ``{run}.tasks.{workflow}``, within the staleness budget.
 
-Back-pressure follows AReaL's staleness capacity (ALGORITHMS.md): with B groups per trainer batch
+Back-pressure follows AReaL's staleness capacity (docs/algorithms.md): with B groups per trainer batch
 and trainer version V, at most ``(max_staleness + V + 1) · B`` groups may have been submitted in
 total, plus every group the stream processor dropped (zero variance or stale, reported on the
 feedback topic with ``accepted = false``), because a dropped group never reaches the trainer and

@@ -1,6 +1,6 @@
 """The autoscaling rule: how many rollout producers the trainer needs, from what the log shows.
 
-The rule is the AstraFlow repo's dead band (ALGORITHMS.md, "Autoscaling"), evaluated over the
+The rule is the AstraFlow repo's dead band (docs/algorithms.md, "Autoscaling"), evaluated over the
 last ``scaler.window_s`` seconds:
 
 - ``w`` = Σ ``train.wait_seconds`` / Σ (``train.wait_seconds`` + ``train.step_seconds``) over the

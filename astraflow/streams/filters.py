@@ -16,7 +16,7 @@ from astraflow.streams.operators import Group, register
 
 @register
 class StalenessFilter:
-    """Drop a group when ``trainer_version − oldest token version > max_staleness`` (ALGORITHMS.md)."""
+    """Drop a group when ``trainer_version − oldest token version > max_staleness`` (docs/algorithms.md)."""
 
     name = "staleness"
 

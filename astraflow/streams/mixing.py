@@ -1,7 +1,7 @@
 """Mixers: after a group is accepted, the extra groups to emit with it.
 
 Replay (``ReplayMixer``): a share ρ of the emitted samples is drawn from a bounded buffer of
-recently accepted groups, the rest are fresh (ALGORITHMS.md). The trainer cuts batches from the
+recently accepted groups, the rest are fresh (docs/algorithms.md). The trainer cuts batches from the
 sample stream, so the mixer does not see batch boundaries; it keeps a credit instead: every fresh
 sample earns ρ / (1 − ρ) replayed samples, and whole buffered groups are emitted while the credit
 covers them. Over any run of fresh groups the replayed share is ρ to within one group, so a batch

@@ -4,7 +4,7 @@
 - EDF (earliest deadline first): a sample's deadline is ``version + max_staleness``, the last
   trainer version that may still train on it. Every group shares ``max_staleness``, so EDF is a
   stable sort by the group's oldest token version. The AstraFlow authors found FIFO biases
-  training toward short, easy samples, which complete first (ALGORITHMS.md).
+  training toward short, easy samples, which complete first (docs/algorithms.md).
 
 The trainer assembles batches in offset order, so the order chosen here is the training order.
 """

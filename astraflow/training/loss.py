@@ -12,7 +12,7 @@ PPO (AReaL, Fu et al. 2025) for splitting the ratio in two when samples are stal
 start of the update. Departures and choices:
 
 - With ``proximal_logprobs=None`` π_old is π_θ itself, detached: the one-gradient-step-per-batch
-  case of ALGORITHMS.md, where ρ = 1 in value (so nothing is clipped) and all the off-policy
+  case of docs/algorithms.md, where ρ = 1 in value (so nothing is clipped) and all the off-policy
   correction sits in w. AReaL recomputes π_old with an extra forward pass instead; passing
   ``proximal_logprobs`` does that. Passing the behaviour log-probs as ``proximal_logprobs`` gives
   the classic PPO clip against π_b (w = 1), as in TRL and prime-rl.
