@@ -31,12 +31,13 @@ from astraflow.config.run import RunConfig, dump_config, load_config, parse_conf
 from astraflow.config.scaler import ScalerConfig
 from astraflow.config.stop import StopConfig
 from astraflow.config.stream import AcceptAllCurator, CuratorSpec, FilterSolvedCurator, GresoCurator, StreamConfig
-from astraflow.config.train import DeepSpeedOptions, SimulatedTrainerOptions, TrainConfig
+from astraflow.config.train import Aggregation, DeepSpeedOptions, LossConfig, SimulatedTrainerOptions, TrainConfig
 from astraflow.config.weights import WeightsConfig
 
 __all__ = [
     "AcceptAllCurator",
     "AgentConfig",
+    "Aggregation",
     "CuratorSpec",
     "DeepSpeedOptions",
     "EngineConfig",
@@ -44,6 +45,7 @@ __all__ = [
     "FilterSolvedCurator",
     "GresoCurator",
     "LogConfig",
+    "LossConfig",
     "ModelConfig",
     "OpenAIEngineOptions",
     "PolicyConfig",

@@ -1,12 +1,17 @@
-"""The ``train`` section: the trainer's optimizer and its backends (DeepSpeed, simulated)."""
+"""The ``train`` section: the trainer's optimizer, its loss (``train.loss``) and its backends (DeepSpeed, simulated)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from astraflow.config.base import Section
+
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""How the token losses of a batch become one loss (``train.loss.aggregation``; ``training/loss.py``)."""
+
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class DeepSpeedOptions(Section):
@@ -42,6 +47,40 @@ class SimulatedTrainerOptions(Section):
     """Wall seconds slept per simulated second; must equal ``engine.simulated.time_scale`` when both are simulated."""
 
 
+class LossConfig(Section):
+    """``train.loss``: the loss and optimizer options of the learner that the top of ``train`` does not hold.
+
+    The learner takes them as they are: the field names are those of ``PolicyStepConfig``
+    (``training/step.py``), built by ``training.learner.step_config``. The defaults are the trainer's.
+    """
+
+    aggregation: Aggregation = "token-mean"
+    (
+        "How token losses become the batch loss: ``token-mean`` (DAPO: their sum divided by the batch's trained "
+        "tokens), ``seq-mean-token-mean`` (GRPO: each response's mean, averaged over responses) or "
+        "``seq-mean-token-sum-norm`` (Dr.GRPO: their sum divided by responses × ``max_tokens``, a constant)."
+    )
+    max_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    (
+        "The constant token budget of ``seq-mean-token-sum-norm`` (other aggregations ignore it); unset: the policy's "
+        "``rollout.max_new_tokens``. Never the padded width of a batch, which depends on its longest response."
+    )
+    max_is_weight: float = Field(default=2.0, ge=1.0, le=1_000_000.0)
+    """Truncation C of the importance weight π_old / π_b that corrects stale samples (1: never weighted up)."""
+    decoupled: bool = True
+    (
+        "``true``: decoupled PPO (AReaL): the clipped ratio against π_θ itself, the importance weight against the "
+        "behaviour policy π_b; ``false``: the classic PPO clip of π_θ / π_b (as TRL and prime-rl)."
+    )
+    betas: tuple[Beta, Beta] = (0.9, 0.99)
+    """AdamW's (β1, β2), each in [0, 1)."""
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    (
+        "Samples per forward/backward pass when a step's batch is split to bound memory; the gradient is the whole "
+        "batch's. Unset: one pass over the batch."
+    )
+
+
 class TrainConfig(Section):
     batch_samples: int = Field(default=256, ge=1)
     """Samples (responses) per optimizer step; groups are never split across steps."""
@@ -72,3 +111,5 @@ class TrainConfig(Section):
     )
     deepspeed: DeepSpeedOptions = DeepSpeedOptions()
     simulated: SimulatedTrainerOptions = SimulatedTrainerOptions()
+    loss: LossConfig = LossConfig()
+    """Aggregation, importance-weight cap, decoupling, AdamW betas and micro-batches (docs/algorithms.md#losses)."""

@@ -1,7 +1,8 @@
 """The learner of a trainer: the loss over an optimizer backend, chosen by ``train.backend``.
 
 ``torch`` | ``deepspeed`` | ``simulated``: ``build_backend`` and ``build_learner`` are the only
-places that know the names; DeepSpeed is imported only when chosen. A ``Learner`` is what the
+places that know the names; DeepSpeed is imported only when chosen. ``step_config`` is the one
+place that turns the ``train`` section into the learner's ``PolicyStepConfig``. A ``Learner`` is what the
 trainer steps: ``PolicyTrainer`` (the PPO-clip loss, then the backend's optimizer step), or the
 simulated backend's ``SimulatedLearner``, which computes nothing and sleeps each step's modelled time.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from astraflow.config import DeepSpeedOptions, SimulatedTrainerOptions
+from astraflow.config import DeepSpeedOptions, RolloutConfig, SimulatedTrainerOptions, TrainConfig
 from astraflow.training.backends.base import OptimizerState, TrainerBackend
 from astraflow.training.backends.deepspeed_zero import DeepSpeedBackend
 from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
@@ -32,6 +33,31 @@ class Learner(Protocol):
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples``; ``version`` grows by one."""
+
+
+def step_config(train: TrainConfig, rollout: RolloutConfig) -> PolicyStepConfig:
+    """The learner's settings from a policy's ``train`` and ``rollout`` sections.
+
+    ``train.loss`` goes in as it is (its fields are named as ``PolicyStepConfig``'s); an unset
+    ``train.loss.max_tokens`` becomes ``rollout.max_new_tokens``, the longest response the policy
+    samples, so Dr.GRPO's budget is a constant and not a batch's padded width. The top-level
+    ``train`` fields keep the names of the YAML they have always had; the temperature must be the
+    engine's (``training/step.py``).
+    """
+    loss = train.loss.model_dump()
+    loss["max_tokens"] = train.loss.max_tokens or rollout.max_new_tokens
+    return PolicyStepConfig(
+        lr=train.lr,
+        lr_warmup_steps=train.lr_warmup_versions,
+        lr_decay_steps=train.lr_decay_versions,
+        min_lr_ratio=train.min_lr_ratio,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        eps_low=train.clip_low,
+        eps_high=train.clip_high,
+        temperature=rollout.temperature,
+        **loss,
+    )
 
 
 def build_backend(

@@ -31,11 +31,10 @@ All log-probs must use the same temperature convention as the engine (log_softma
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+from astraflow.config import Aggregation
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +11,14 @@ import pytest
 import torch
 
 from astraflow.basemodel.sft import supervised_warmup
+from astraflow.config import load_config, write_config_over
 from astraflow.engines.torch_engine import TorchEngine
 from astraflow.errors import ConfigError
 from astraflow.evaluation.heldout import evaluate_exact_match
 from astraflow.models.loading import load_policy, save_policy
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.tasks.arithmetic import addition_problems
+from astraflow.training.learner import step_config
 from astraflow.training.step import (
     PolicyExample,
     PolicyStepConfig,
@@ -25,6 +28,7 @@ from astraflow.training.step import (
     response_logprobs,
 )
 
+MATH_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
 SMALL = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
 
 
@@ -112,6 +116,48 @@ def test_micro_batches_give_the_full_batch_gradient() -> None:
     assert stats.loss_stats["ratio_mean"] == pytest.approx(1.0)
     for a, b in zip(whole.model.parameters(), split.model.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_dr_grpo_from_yaml_divides_by_a_constant_not_the_padded_width(tmp_path: Path) -> None:
+    """``train.loss.aggregation: seq-mean-token-sum-norm`` in YAML: the loss is the token losses'
+    sum over sequences × ``rollout.max_new_tokens`` (4), whether the batch is padded to width 2 (in
+    one pass) or its micro-batches to widths 1 and 2, so splitting changes neither loss nor gradient."""
+    config = load_config(
+        write_config_over(
+            MATH_EXAMPLE,
+            tmp_path / "config.yaml",
+            train={"loss": {"aggregation": "seq-mean-token-sum-norm", "micro_batch_size": 2}},
+        )
+    )
+    assert config.rollout.max_new_tokens == 4
+    split_config = step_config(config.train, config.rollout)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SMALL)
+    prompt = np.asarray(tokenizer("12+35=")["input_ids"], np.int32)
+    rng = np.random.default_rng(3)
+    examples = [  # the first micro-batch holds responses of 1 token, the second of 2
+        PolicyExample(
+            prompt,
+            rng.integers(3, 13, size=length).astype(np.int32),
+            rng.uniform(-3.0, -1.0, size=length).astype(np.float32),
+            np.ones(length, np.uint8),
+            advantage,
+        )
+        for length, advantage in [(1, 1.0), (1, -0.5), (2, 0.5), (2, -1.0)]
+    ]
+    split = PolicyTrainer(copy.deepcopy(model), tokenizer.pad_token_id, split_config)
+    whole = PolicyTrainer(
+        copy.deepcopy(model), tokenizer.pad_token_id, dataclasses.replace(split_config, micro_batch_size=None)
+    )
+    with torch.no_grad():
+        batch = collate(examples, tokenizer.pad_token_id)  # [4, 2]: padded to the longest response
+        weight = torch.exp(response_logprobs(model, batch) - batch.behaviour_logprobs).clamp(max=2.0)
+        token_losses = -weight * batch.advantages[:, None] * batch.loss_mask  # ρ = 1 in value (decoupled)
+    whole_stats, split_stats = whole.step(examples), split.step(examples)
+    assert whole_stats.loss == pytest.approx(float(token_losses.sum()) / (4 * 4), rel=1e-5)
+    assert split_stats.loss == pytest.approx(whole_stats.loss, rel=1e-5)
+    for a, b in zip(whole.model.parameters(), split.model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-7, rtol=1e-5)
 
 
 def test_warmup_raises_exact_match() -> None:
