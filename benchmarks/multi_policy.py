@@ -86,15 +86,15 @@ def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: 
     from astraflow.models.base import base_checkpoint_path
     from astraflow.models.loading import load_policy
     from astraflow.tasks.datasets import load_task_split
-    from astraflow.training.learner import build_learner
-    from trainer_centred import TrainerCentredLoop, step_config
+    from astraflow.training.learner import build_learner, step_config
+    from trainer_centred import TrainerCentredLoop
 
     policies = config.policy_names()
     learners = {}
     for policy in policies:
         cfg = config.for_policy(policy)
         model, tokenizer = load_policy(base_checkpoint_path(cfg, run_dir))
-        steps = step_config(cfg)
+        steps = step_config(cfg.train, cfg.rollout)
         simulated = cfg.train.simulated.model_copy(update={"devices": devices}) if devices else cfg.train.simulated
         learners[policy] = build_learner(cfg.train.backend, model, tokenizer.pad_token_id, steps, simulated=simulated)
     engines = [

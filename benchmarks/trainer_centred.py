@@ -5,8 +5,9 @@
 the way verl-style colocated synchronous systems run a multi-policy job. It is built from
 AstraFlow's own parts so that only the schedule differs: the run config's workflow
 (``build_run_workflow``: the same episodes, rewards and ids), each policy's stream pipeline
-(``build_pipeline``: the same advantages and filters), and each policy's trainer backend
-(``TrainerBackend.learner``: the same loss and optimizer, or the same simulated step). Tasks come
+(``build_pipeline``: the same advantages and filters), and each policy's learner, built as the
+trainer builds it (``step_config`` and ``build_learner`` of ``training.learner``: the same loss
+and optimizer from the same YAML, or the same simulated step). Tasks come
 in the feeder's order. A generation round asks for one solver batch of tasks; rounds repeat
 until every policy has a full batch of accepted samples (dynamic sampling refills, as the
 AstraFlow feeder does); then each policy takes one step per full batch it holds, and leftovers
@@ -30,23 +31,7 @@ from astraflow.schemas.records import RolloutTask
 from astraflow.streams.operators import Group
 from astraflow.streams.pipeline import build_pipeline
 from astraflow.tasks.base import Problem
-from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
-
-
-def step_config(config: RunConfig) -> PolicyStepConfig:
-    """The trainer's optimizer and loss settings for a policy's narrowed config (as ``consumers.trainer``)."""
-    t = config.train
-    return PolicyStepConfig(
-        lr=t.lr,
-        lr_warmup_steps=t.lr_warmup_versions,
-        lr_decay_steps=t.lr_decay_versions,
-        min_lr_ratio=t.min_lr_ratio,
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        temperature=config.rollout.temperature,
-        eps_low=t.clip_low,
-        eps_high=t.clip_high,
-    )
+from astraflow.training.step import PolicyExample, PolicyTrainer
 
 
 @dataclass
