@@ -27,6 +27,11 @@ logger = logging.getLogger(__name__)
 RECORD_OVERHEAD_BYTES = 1024
 """What a record costs beyond its value under a topic's ``max_message_bytes``: key, headers, and
 on Kafka the record batch around it."""
+SAMPLE_HEADROOM_BYTES = 4096
+"""Room a trajectory leaves under its topic's record limit for what the stream processor adds to make
+it a TrainSample (advantage, ids, operator names), so a trajectory that fits yields a sample that fits."""
+REASON_CHARS = 2000
+"""The longest dead-letter reason kept: an exception's text can be as long as the record it quotes."""
 
 
 def now_ms() -> int:
@@ -82,6 +87,8 @@ class ComponentContext:
         """The dead-letter record for ``message``, counted and logged, for a caller that sends it
         itself (the faust stream runtime writes it in the transaction of the record it rejects)."""
         self.dead_letters += 1
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 20] + f" ... ({len(reason):,} chars)"
         logger.warning("dead-lettering a record from %s: %s", message.topic if message else "-", reason)
         return DeadLetter(
             origin=self.instance,

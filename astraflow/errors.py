@@ -49,5 +49,13 @@ class RewardError(AstraFlowError):
     """A reward function failed; the trajectory is dead-lettered, never given a silent zero."""
 
 
+class NonFiniteStepError(AstraFlowError):
+    """An optimizer step's loss or gradient is not finite: the step was skipped, the weights are unchanged."""
+
+
 class WeightsError(AstraFlowError):
     """A weight version is incomplete, corrupt, or does not apply to the reader's base."""
+
+
+class WeightFollowerError(AstraFlowError):
+    """A weight follower's thread stopped on an error, so the weights its owner holds would never change again."""

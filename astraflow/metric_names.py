@@ -153,6 +153,16 @@ TRAIN_BEHAVIOUR_KL = "train.behaviour_kl"
 """Token-weighted k3 estimate of KL(pi_b || pi_theta) against the behaviour policy (nats per token).
 ``step``: the version the step produced."""
 
+TRAIN_SKIPPED_STEPS = "train.skipped_steps"
+"""Optimizer steps skipped because their loss or gradient was not finite (count, cumulative in this
+process); each skipped batch is dead-lettered and no version is published for it. ``step``: the
+trainer's version, unchanged by the skipped step."""
+
+TRAIN_REJECTED_SAMPLES = "train.rejected_samples"
+"""Samples the trainer dead-lettered instead of training (undecodable, or out of the model's range:
+token ids, length, loss mask, advantage, group size), cumulative in this process (count). ``step``:
+the trainer's version."""
+
 TRAIN_SIMULATED_SECONDS = "train.simulated_seconds"
 """Only with ``train.backend: simulated``: the modelled duration of this step on the simulated
 cluster, before ``time_scale`` (seconds). ``step``: the version the step produced."""

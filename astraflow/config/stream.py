@@ -83,6 +83,14 @@ class StreamConfig(Section):
     """Operators in dataflow order: group operators, then mixers, then at most one ordering."""
     curator: CuratorSpec = AcceptAllCurator()
     """Which prompts the task feeder submits, from the PromptStats on the feedback topic."""
+    max_abs_reward: float = Field(default=1e6, gt=0.0, le=1e30)
+    """A trajectory whose reward's magnitude exceeds this is dead-lettered on entry to the stream (at most 1e30, so
+    group statistics never overflow)."""
+    group_timeout_s: float = Field(default=300.0, gt=0.0)
+    (
+        "A group still missing members this long after its first member's record (in record timestamps, not the "
+        "processor's clock, so a restart after an outage expires nothing) is dead-lettered as incomplete."
+    )
     runtime: Literal["native", "faust"] | None = None
     (
         "What runs the pipeline: ``native`` (any log) or ``faust`` (Kafka only: faust agents, half-filled groups in a "

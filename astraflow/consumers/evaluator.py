@@ -92,6 +92,14 @@ class Evaluator:
                     continue
                 version, state = pending
                 if self.due(version):
-                    self.evaluate(version, state)
+                    try:
+                        self.evaluate(version, state)
+                    except Exception as exc:  # one version that cannot be scored never stops the evaluator
+                        logger.exception("evaluating version %d failed", version)
+                        self.last_evaluated = version
+                        self.ctx.dead_letter(
+                            None, f"evaluation of version {version} failed: {type(exc).__name__}: {exc}", exc
+                        )
+                        self.ctx.producer.flush()
         finally:
             follower.close()

@@ -98,7 +98,13 @@ class SystemEvaluator:
                         self.models[policy].load_state_dict(state)
                         moved = True
                 if moved and self.due():
-                    self.evaluate()
+                    try:
+                        self.evaluate()
+                    except Exception as exc:  # one set of versions that cannot be scored never stops the evaluator
+                        logger.exception("system evaluation of versions %s failed", self.versions)
+                        reason = f"system evaluation of versions {self.versions} failed: {type(exc).__name__}: {exc}"
+                        self.ctx.dead_letter(None, reason, exc)
+                        self.ctx.producer.flush()
                 elif not moved:
                     first = next(iter(followers))
                     followers[first].wait_for(self.versions[first] + 1, timeout=0.5)

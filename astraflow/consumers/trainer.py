@@ -2,9 +2,17 @@
 
 Steps of one version (the order is the guarantee):
 
-1. Read samples of ``{run}.samples.{policy}`` in offset order (undecodable or duplicate samples are
-   dead-lettered / dropped and counted) until the oldest complete groups hold ``batch_samples``.
-2. One optimizer step on that batch (``astraflow.training.step``): version v → v + 1.
+1. Read samples of ``{run}.samples.{policy}`` in offset order until the oldest complete groups
+   hold ``batch_samples``. A duplicate sample is dropped and counted. A sample that does not
+   decode, or that the model cannot train on (``schemas.validation``: token ids outside the
+   vocabulary, prompt + response beyond the context length, a loss mask other than 0/1,
+   non-finite log-probs; here also an advantage that is not a finite float32 and a fresh sample
+   whose group size is not the policy's) is dead-lettered with the reason and counted
+   (``train.rejected_samples``); it still counts as a member of its group, so the group completes
+   without it instead of holding every later batch back.
+2. One optimizer step on that batch (``astraflow.training.step``): version v → v + 1. A step
+   whose loss or gradient is not finite changes nothing: the batch is dead-lettered, no version
+   is published, the offsets move past it, and it is counted (``train.skipped_steps``).
 3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and the
    offset *after* the batch's last sample (``CheckpointStore``), with every version's offsets and
    the offsets this trainer resumed from (``astraflow audit`` reads which samples were trained).
@@ -26,24 +34,35 @@ import time
 from collections import OrderedDict
 
 from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError, LogError
+from astraflow.errors import AstraFlowError, LogError, NonFiniteStepError
 from astraflow.log import Message, TopicPartition
-from astraflow.metric_names import TRAIN_VERSION, train_metric
-from astraflow.models.base import base_checkpoint_path
+from astraflow.metric_names import TRAIN_REJECTED_SAMPLES, TRAIN_SKIPPED_STEPS, TRAIN_VERSION, train_metric
+from astraflow.models.base import base_checkpoint_path, model_limits
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import TrainSample
+from astraflow.schemas.validation import Limits, validate
 from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState
 from astraflow.weights.publish import WeightPublisher
 
 logger = logging.getLogger(__name__)
 
 
-class BatchAssembler:
-    """Cuts the sample stream into batches of whole groups, strictly in offset order."""
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: a larger advantage becomes infinite in the loss."""
 
-    def __init__(self, batch_samples: int, remember: int = 200_000) -> None:
+
+class BatchAssembler:
+    """Cuts the sample stream into batches of whole groups, strictly in offset order.
+
+    A dead-lettered member (``fail``) counts towards its group like a sample, so the group
+    completes; the batch holds only the samples, with every message it covers.
+    """
+
+    def __init__(self, batch_samples: int, group_size: int, remember: int = 200_000) -> None:
         self.batch_samples = batch_samples
-        self.buffer: list[tuple[TrainSample, Message]] = []
+        self.group_size = group_size
+        self.buffer: list[tuple[TrainSample | None, Message, str, int]] = []
+        """In offset order: the sample (``None``: dead-lettered), its message, its group id and size."""
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
         self.duplicates = 0
@@ -61,19 +80,26 @@ class BatchAssembler:
         if not self.remember(sample.sample_id):
             self.duplicates += 1
             return
-        self.buffer.append((sample, message))
+        self.buffer.append((sample, message, sample.trajectory.group_id, sample.trajectory.group_size))
 
-    def take(self) -> tuple[list[TrainSample], Message] | None:
-        """The next batch and its last message, when the buffer's prefix holds enough whole groups."""
+    def fail(self, message: Message, group_id: str | None) -> None:
+        """Count a dead-lettered sample of ``group_id`` (the record key; ``None``: its own group of one)."""
+        if group_id is None:
+            self.buffer.append((None, message, f"{message.partition}@{message.offset}", 1))
+        else:
+            self.buffer.append((None, message, group_id, self.group_size))
+
+    def take(self) -> list[tuple[TrainSample | None, Message]] | None:
+        """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
+        when the buffer's prefix holds enough whole groups."""
         remaining: dict[str, int] = {}
-        for index, (sample, _) in enumerate(self.buffer):
-            gid = sample.trajectory.group_id
-            remaining[gid] = remaining.get(gid, sample.trajectory.group_size) - 1
-            if remaining[gid] == 0:
+        for index, (_, _, gid, size) in enumerate(self.buffer):
+            remaining[gid] = remaining.get(gid, size) - 1
+            if remaining[gid] <= 0:
                 del remaining[gid]
             if index + 1 >= self.batch_samples and not remaining:
                 batch, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
-                return [s for s, _ in batch], batch[-1][1]
+                return [(sample, message) for sample, message, _, _ in batch]
         return None
 
 
@@ -84,30 +110,23 @@ class Trainer:
         import torch
 
         from astraflow.models.loading import load_policy
-        from astraflow.training.learner import build_learner
-        from astraflow.training.step import PolicyStepConfig
+        from astraflow.training.learner import build_learner, step_config
 
         cfg = ctx.config.train
         torch.set_num_threads(cfg.threads)
         self.ctx = ctx
         self.policy = policy
-        model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
-        step_config = PolicyStepConfig(
-            lr=cfg.lr,
-            lr_warmup_steps=cfg.lr_warmup_versions,
-            lr_decay_steps=cfg.lr_decay_versions,
-            min_lr_ratio=cfg.min_lr_ratio,
-            weight_decay=cfg.weight_decay,
-            max_grad_norm=cfg.max_grad_norm,
-            temperature=ctx.config.rollout.temperature,
-            eps_low=cfg.clip_low,
-            eps_high=cfg.clip_high,
-        )
+        base = base_checkpoint_path(ctx.config, ctx.run_dir)
+        model, self.tokenizer = load_policy(base)
+        vocab_size, context_length = model_limits(base)
+        self.limits = Limits(group_size=None, vocab_size=vocab_size, context_length=context_length)
+        self.rejected = 0
+        self.skipped_steps = 0
         self.learner = build_learner(
             cfg.backend,
             model,
             self.tokenizer.pad_token_id,
-            step_config,
+            step_config(cfg, ctx.config.rollout),
             deepspeed=cfg.deepspeed,
             simulated=cfg.simulated,
         )
@@ -137,7 +156,7 @@ class Trainer:
         consumer = ctx.log.consumer(group_id=f"{ctx.config.run}.train.{self.policy}")
         partitions = [TopicPartition(topic, p) for p in range(ctx.log.describe_topic(topic).partitions)]
         consumer.assign(partitions)
-        assembler = BatchAssembler(ctx.config.train.batch_samples)
+        assembler = BatchAssembler(ctx.config.train.batch_samples, ctx.config.rollout.group_size)
         self._recall_trained(partitions, assembler)
         for tp in partitions:
             consumer.seek(tp, self.offsets.get(tp.partition, 0))
@@ -150,16 +169,13 @@ class Trainer:
             while not stop.is_set():
                 t0 = time.perf_counter()
                 for message in consumer.poll(max_records=1024, timeout=0.5):
-                    try:
-                        assembler.add(ctx.codec.decode(message.value, expect=TrainSample), message)
-                    except AstraFlowError as exc:
-                        ctx.dead_letter(message, f"undecodable sample: {exc}", exc)
+                    self._admit(message, assembler)
                 waited += time.perf_counter() - t0
                 taken = assembler.take()
                 if taken is None:
                     continue
-                batch, last = taken
-                self._step(batch, last, waited)
+                last = taken[-1][1]
+                self._step(taken, waited)
                 waited = 0.0
                 try:
                     consumer.commit({TopicPartition(topic, last.partition): last.offset + 1})
@@ -167,6 +183,48 @@ class Trainer:
                     logger.warning("commit of the trainer's offsets failed (resumption uses the checkpoint): %s", exc)
         finally:
             consumer.close()
+
+    def _admit(self, message: Message, assembler: BatchAssembler) -> None:
+        """Add the sample of ``message`` to ``assembler``, or dead-letter it with the reason."""
+        ctx = self.ctx
+        group_id = message.key.decode("utf-8", "replace") if message.key else None
+        try:
+            sample = ctx.codec.decode(message.value, expect=TrainSample)
+        except AstraFlowError as exc:
+            self._reject(message, f"undecodable sample: {exc}", exc)
+            assembler.fail(message, group_id)
+            return
+        try:
+            problem = self._problem(sample)
+        except Exception as exc:  # a check that raises rejects this sample, never the trainer
+            problem, error = f"error: {type(exc).__name__}: {exc}", exc
+        else:
+            error = None
+        if problem is None:
+            assembler.add(sample, message)
+            return
+        if not assembler.remember(sample.sample_id):  # a copy of a sample dead-lettered already
+            assembler.duplicates += 1
+            return
+        self._reject(message, f"invalid sample {sample.sample_id}: {problem}", error)
+        assembler.fail(message, sample.trajectory.group_id)
+
+    def _problem(self, sample: TrainSample) -> str | None:
+        """Why the model cannot train on ``sample``, or ``None``."""
+        problem = validate(sample.trajectory, self.limits)
+        if problem is not None:
+            return problem
+        if not abs(sample.advantage) <= FLOAT32_MAX:
+            return f"advantage: {sample.advantage!r} is not a finite float32"
+        group_size = self.ctx.config.rollout.group_size
+        if not sample.replayed and sample.trajectory.group_size != group_size:
+            return f"group_size: {sample.trajectory.group_size}, but the policy's rollout.group_size is {group_size}"
+        return None
+
+    def _reject(self, message: Message, reason: str, error: BaseException | None = None) -> None:
+        self.rejected += 1
+        self.ctx.dead_letter(message, reason, error)
+        self.ctx.metric(TRAIN_REJECTED_SAMPLES, self.rejected, self.learner.version, policy=self.policy)
 
     def _recall_trained(
         self, partitions: list[TopicPartition], assembler: BatchAssembler, window: int = RECALL_WINDOW
@@ -200,11 +258,16 @@ class Trainer:
             finally:
                 reader.close()
 
-    def _step(self, batch: list[TrainSample], last: Message, waited: float) -> None:
+    def _step(self, taken: list[tuple[TrainSample | None, Message]], waited: float) -> None:
         from astraflow.training.step import PolicyExample
 
         ctx = self.ctx
         learner = self.learner
+        last = taken[-1][1]
+        batch = [sample for sample, _ in taken if sample is not None]
+        if not batch:  # every sample of it was dead-lettered
+            self.offsets[last.partition] = last.offset + 1
+            return
         staleness = [learner.version - s.trajectory.min_version for s in batch]
         examples = [
             PolicyExample(
@@ -216,7 +279,11 @@ class Trainer:
             )
             for s in batch
         ]
-        stats = learner.step(examples)
+        try:
+            stats = learner.step(examples)
+        except NonFiniteStepError as exc:
+            self._skip([message for sample, message in taken if sample is not None], last, exc)
+            return
         version = learner.version
         self.trained_samples += len(batch)
         self.offsets[last.partition] = last.offset + 1
@@ -251,3 +318,14 @@ class Trainer:
             len(batch),
             stats.seconds,
         )
+
+    def _skip(self, messages: list[Message], last: Message, error: NonFiniteStepError) -> None:
+        """A step that changed nothing: dead-letter its samples, move past ``last``, publish nothing."""
+        ctx = self.ctx
+        self.skipped_steps += 1
+        logger.error("skipping a batch of %d samples: %s", len(messages), error)
+        for message in messages:
+            ctx.dead_letter(message, f"batch skipped: {error}", error)
+        self.offsets[last.partition] = last.offset + 1
+        ctx.metric(TRAIN_SKIPPED_STEPS, self.skipped_steps, self.learner.version, policy=self.policy)
+        ctx.producer.flush()

@@ -96,11 +96,14 @@ def policy_budgets(config) -> dict[str, PolicyBudget]:
 
 
 class FeedbackReader:
-    """Reads the feedback topic from the start: counts dropped groups per policy and feeds the curator."""
+    """Reads the feedback topic from the start: counts dropped groups per policy and feeds the curator.
+
+    A record that does not decode, or that the curator cannot take in, is dead-lettered and skipped."""
 
     def __init__(self, ctx: ComponentContext, curator: Curator) -> None:
         self.dropped: Counter[str] = Counter()
         self.curator = curator
+        self._ctx = ctx
         self._codec = ctx.codec
         self._consumer = ctx.log.consumer(group_id=None)
         self._consumer.assign([TopicPartition(ctx.topics.feedback(), 0)])
@@ -111,10 +114,13 @@ class FeedbackReader:
             try:
                 stats = self._codec.decode(message.value, expect=PromptStats)
             except AstraFlowError as exc:
-                logger.error("undecodable feedback record at offset %d: %s", message.offset, exc)
+                self._ctx.dead_letter(message, f"undecodable feedback: {exc}", exc)
                 continue
             self.dropped[stats.policy] += not stats.accepted
-            self.curator.observe(stats)
+            try:
+                self.curator.observe(stats)
+            except Exception as exc:  # one record the curator cannot take never stops the feeder
+                self._ctx.dead_letter(message, f"feedback the curator rejects: {type(exc).__name__}: {exc}", exc)
         return self.dropped
 
     def close(self) -> None:
@@ -193,6 +199,23 @@ class TaskFeeder:
             metadata=metadata,
         )
 
+    def _encoded(self, n: int, versions: dict[str, int]) -> tuple[RolloutTask, bytes] | None:
+        """The n-th task and its record, or ``None`` (dead-lettered) when its row cannot make one that
+        fits the tasks topic: a bad row is passed over like a curator's skip, never retried for ever."""
+        ctx = self.ctx
+        try:
+            task = self.task(n, versions)
+            value = ctx.codec.encode(task)
+            problem = ctx.oversize(ctx.topics.tasks(), value)
+        except Exception as exc:  # a row that cannot become a task is skipped, never the feeder
+            problem, error = f"{type(exc).__name__}: {exc}", exc
+        else:
+            error = None
+            if problem is None:
+                return task, value
+        ctx.dead_letter(None, f"dataset row of candidate {n} cannot be submitted: {problem}", error)
+        return None
+
     def capacity(self, versions: dict[str, int], dropped: Counter[str]) -> int:
         """Tasks that may have been submitted in total at these trainer versions: the slowest policy's bound."""
         return min(budget.capacity(versions[policy], dropped[policy]) for policy, budget in self.budgets.items())
@@ -211,13 +234,15 @@ class TaskFeeder:
                 allowed = self.capacity(versions, feedback.update())
                 sent = passed_over = 0
                 while self.submitted < allowed and passed_over < len(self.rows):
-                    task = self.task(self.cursor, versions)
+                    candidate = self.cursor
                     self.cursor += 1
-                    if not self.curator.admit(task.prompt_id):
+                    value = self._encoded(candidate, versions)
+                    if value is None or not self.curator.admit(value[0].prompt_id):
                         self.skipped += 1
                         passed_over += 1
                         continue
-                    ctx.producer.send(ctx.topics.tasks(), ctx.codec.encode(task), key=task.task_id.encode())
+                    task, encoded = value
+                    ctx.producer.send(ctx.topics.tasks(), encoded, key=task.task_id.encode())
                     self.submitted += 1
                     sent += 1
                     passed_over = 0

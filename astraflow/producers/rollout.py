@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from astraflow.context import ComponentContext, now_ms
+from astraflow.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
 from astraflow.engines import build_engine
 from astraflow.errors import AstraFlowError, LogError, RecordTooLargeError
 from astraflow.metric_names import (
@@ -61,9 +61,8 @@ from astraflow.tasks.datasets import load_task_split
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
-SAMPLE_HEADROOM_BYTES = 4096
-"""Room a trajectory leaves under its topic's record limit for what the stream processor adds to make
-it a TrainSample (advantage, ids, operator names), so a trajectory that fits yields a sample that fits."""
+MAX_GROUP_SIZE = 1024
+"""The largest ``group_size`` a task may ask for (``rollout.group_size``'s bound)."""
 CATCH_UP_SECONDS = 60.0
 """How long to wait for a first weight version, and between "still catching up" warnings."""
 
@@ -121,9 +120,15 @@ class RolloutProducer:
                 tasks = []
                 for message in messages:
                     try:
-                        tasks.append(ctx.codec.decode(message.value, expect=RolloutTask))
+                        task = ctx.codec.decode(message.value, expect=RolloutTask)
                     except AstraFlowError as exc:
                         ctx.dead_letter(message, f"undecodable task: {exc}", exc)
+                        continue
+                    problem = task_problem(task, self.engines)
+                    if problem is not None:
+                        ctx.dead_letter(message, f"invalid task {task.task_id}: {problem}")
+                        continue
+                    tasks.append(task)
                 if tasks:
                     self._await_versions(tasks, followers, stop)
                     self._produce(tasks, followers)
@@ -182,13 +187,34 @@ class RolloutProducer:
             logger.info("joining the rollout pool")
         return not stop.is_set()
 
+    def _run(self, tasks: list[RolloutTask]) -> list[TaskOutcome]:
+        """The workflow's outcomes of ``tasks``. Should the batch raise (a workflow bug, not a task's
+        failure, which the outcome carries), each task is run alone, so only the tasks that raise fail."""
+        try:
+            return self.workflow.run_batch(self.engines, tasks, self.provenance)
+        except Exception as exc:
+            if len(tasks) == 1:
+                return [TaskOutcome(tasks[0], [], exc)]
+            logger.exception("the workflow failed on a batch of %d tasks; running them one by one", len(tasks))
+        outcomes = []
+        for task in tasks:
+            try:
+                outcomes += self.workflow.run_batch(self.engines, [task], self.provenance)
+            except Exception as exc:
+                outcomes.append(TaskOutcome(task, [], exc))
+        return outcomes
+
     def _produce(self, tasks: list[RolloutTask], followers: dict[str, WeightFollower]) -> None:
         ctx = self.ctx
         started = time.perf_counter()
-        outcomes = self.workflow.run_batch(self.engines, tasks, self.provenance)
         rewards: dict[str, list[float]] = {policy: [] for policy in self.engines}
-        for outcome in outcomes:
-            for trajectory in send_outcome(ctx, outcome):
+        for outcome in self._run(tasks):
+            try:
+                sent = send_outcome(ctx, outcome)
+            except Exception as exc:  # e.g. a trajectory the codec cannot encode: the task fails, not the producer
+                ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {exc}", exc)
+                sent = []
+            for trajectory in sent:
                 rewards[trajectory.policy].append(trajectory.reward)
         elapsed = max(time.perf_counter() - started, 1e-6)
         self.busy_seconds += elapsed
@@ -203,6 +229,17 @@ class RolloutProducer:
             ctx.metric(ROLLOUT_VERSION_LAG, max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
                 ctx.metric(ROLLOUT_MEAN_REWARD, float(np.mean(values)), version, **labels)
+
+
+def task_problem(task: RolloutTask, engines: dict) -> str | None:
+    """Why a task record cannot be run, or ``None``: its group size, and the versions it waits for."""
+    if not 1 <= task.group_size <= MAX_GROUP_SIZE:
+        return f"group_size: {task.group_size} is not in 1..{MAX_GROUP_SIZE}"
+    for policy in engines:
+        version = task.metadata.get(f"version.{policy}", "-1")
+        if not version.lstrip("-").isdigit():
+            return f"metadata: version.{policy} is {version!r}, not a version number"
+    return None
 
 
 def send_outcome(ctx: ComponentContext, outcome: TaskOutcome) -> list[Trajectory]:

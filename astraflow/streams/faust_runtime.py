@@ -32,11 +32,12 @@ between two records. Steps, per input record:
 
 Readers see the outputs once the transaction commits, if they read committed records: the Kafka
 log's consumers do (librdkafka's default ``isolation.level``). Metrics go through the component's
-own producer, outside the transactions. A failure while handling a record keeps the lock, so
-nothing of it is committed, and ends the worker with the error; the restarted worker reads the
-record again. Not supported here: ``offline`` mixers (they read another topic; use the native
-runtime). Each record's groups are emitted as they complete, so an ordering operator sees the
-groups of one record at a time.
+own producer, outside the transactions. A record whose checks, operators or samples raise is
+dead-lettered like any bad record (``streams.processing``). Any other failure while handling a
+record (the log, the weight follower) keeps the lock, so nothing of it is committed, and ends the
+worker with the error; the restarted worker reads the record again. Not supported here:
+``offline`` mixers (they read another topic; use the native runtime). Each record's groups are
+emitted as they complete, so an ordering operator sees the groups of one record at a time.
 
 Two guards against faust-streaming itself. Around an assignment faust can leave records out of
 the agent's stream; the agent knows the next offset of each partition it must handle (the
@@ -122,7 +123,9 @@ class FaustStreamProcessor(GroupProcessor):
                 logging.getLogger(name).setLevel(logging.WARNING)
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        follower = WeightFollower(self.ctx.log, self.ctx.topics.weights(self.policy), payload=False).start()
+        follower = self.follower = WeightFollower(
+            self.ctx.log, self.ctx.topics.weights(self.policy), payload=False
+        ).start()
         try:
             loop.run_until_complete(self._serve(stop, follower))
         finally:
@@ -321,7 +324,7 @@ class FaustStreamProcessor(GroupProcessor):
         arrival = self._admit(message)
         before = self.table.entries(buffer, partition, arrival.group_id)
         duplicates = buffer.duplicates
-        group = arrival.join(buffer, partition, message.offset)
+        group = self._join(arrival, buffer, message)
         self.table.journal(
             before,
             self.table.entries(buffer, partition, arrival.group_id),
@@ -332,5 +335,8 @@ class FaustStreamProcessor(GroupProcessor):
         if buffer.duplicates > duplicates:
             self._count_drop("redelivered", version)
         accepted = [group] if group is not None and self._process(group, version) else []
-        for emitted in self.pipeline.emit(accepted):
-            self._send(emitted, version)
+        overdue = {gid: self.table.entries(buffer, partition, gid) for gid in buffer.overdue(self.timeout_ms)}
+        self._expire(buffer, version)
+        for entries in overdue.values():  # given up: their table entries go, in this record's transaction
+            self.table.journal(entries, set(), partition, message.offset, 0)
+        self._emit(accepted, version)

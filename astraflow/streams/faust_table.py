@@ -129,7 +129,7 @@ class PendingTable:
         """The input offsets the trajectory entries of ``partition`` point at (what ``read_records`` reads)."""
         return [number for (kind, _, _), number in self.members(partition).items() if kind == MEMBER.decode()]
 
-    def restore(self, partition: int, records: dict[int, bytes], codec: Codec) -> GroupBuffer:
+    def restore(self, partition: int, records: dict[int, Message], codec: Codec) -> GroupBuffer:
         """A buffer holding the half-filled groups of ``partition`` that the table holds.
 
         ``records``: the input records its member entries point at, by offset (``read_records``).
@@ -141,7 +141,8 @@ class PendingTable:
             if kind == FAILED.decode():
                 buffer.fail(group_id, member, number)
             elif number in records:
-                buffer.add(codec.decode(records[number], expect=Trajectory), partition, number)
+                record = records[number]
+                buffer.add(codec.decode(record.value, expect=Trajectory), partition, number, record.timestamp_ms)
             else:
                 logger.warning(
                     "record %d@%d of group %s is gone from the input (retention?): the group is incomplete",
@@ -153,14 +154,12 @@ class PendingTable:
         return buffer
 
 
-def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> dict[int, bytes]:
-    """The values of the records at ``offsets`` of one partition (those still there), read in one pass."""
+def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> dict[int, Message]:
+    """The records at ``offsets`` of one partition (those still there), read in one pass."""
     if not offsets:
         return {}
     wanted = set(offsets)
-    return {
-        m.offset: m.value for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted
-    }
+    return {m.offset: m for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted}
 
 
 def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:

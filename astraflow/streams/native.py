@@ -5,12 +5,16 @@ happens to a record on its way (steps 1, 3, 4) is shared with the faust runtime
 (``streams.processing``). Steps of one iteration (what makes it at-least-once with duplicates
 dropped):
 
-1. Poll trajectory records; a record that does not decode or fails validation (NaN reward,
-   mismatched arrays, another policy's trajectory) goes to the dead-letter topic with the reason,
-   and counts as a failed member of its group (the record key names the group when the bytes do not).
-2. Add each trajectory to the ``GroupBuffer`` (duplicate trajectory ids are dropped there).
+1. Poll trajectory records; a record that does not decode or fails a check (``schemas.validation``:
+   reward bound, token ids and lengths, loss mask, group size, token versions, record size, or
+   another policy's trajectory) goes to the dead-letter topic with the reason, and counts as a
+   failed member of its group (the record key names the group when the bytes do not).
+2. Add each trajectory to the ``GroupBuffer`` (duplicate trajectory ids are dropped there). Groups
+   still missing members ``stream.group_timeout_s`` after their first one, in record timestamps,
+   are given up: their members dead-lettered, the group dropped as ``incomplete``.
 3. Run every completed group through the group operators (``Pipeline.process``); a group with a
-   dead-lettered member is dropped as ``incomplete`` without them. Every group, accepted or
+   dead-lettered member is dropped as ``incomplete`` without them; an operator that raises drops
+   the group as ``error`` and dead-letters its members. Every group, accepted or
    dropped, yields a PromptStats record on the feedback topic, listing its trajectory ids (the
    feeder's back-pressure and curators read it, ``astraflow audit`` takes the drop reasons from
    it); a drop is counted by its kind in ``stream.dropped.<kind>``.
@@ -62,9 +66,9 @@ class NativeStreamProcessor(GroupProcessor):
         source = ctx.topics.trajectories(self.policy)
         consumer = ctx.log.consumer(group_id=f"{ctx.config.run}.stream.{self.policy}")
         consumer.subscribe([source])
-        follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
+        follower = self.follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
         offline_sources = [
-            OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index)
+            OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index, self.limits)
             for index, mixer in enumerate(self.pipeline.offline)
         ]
         pending: list[tuple[int, dict[TopicPartition, int], float]] = []
@@ -113,10 +117,10 @@ class NativeStreamProcessor(GroupProcessor):
                     group = self._add(message)
                     if group is not None and self._process(group, version):
                         accepted.append(group)
+                self._expire(self.buffer, version)
                 for offline in offline_sources:
                     offline.fill(sum(len(group.trajectories) for group in accepted), version)
-                for group in self.pipeline.emit(accepted):
-                    self._send(group, version)
+                self._emit(accepted, version)
                 self._count_redeliveries(version)
                 # the partitions this poll read from (asking for the others' positions costs a round trip each)
                 polled = {message.partition for message in messages}
@@ -135,7 +139,7 @@ class NativeStreamProcessor(GroupProcessor):
             consumer.close()
 
     def _add(self, message: Message) -> Group | None:
-        return self._admit(message).join(self.buffer, message.partition, message.offset)
+        return self._join(self._admit(message), self.buffer, message)
 
     def _count_redeliveries(self, version: int) -> None:
         """Trajectories the GroupBuffer dropped as redelivered duplicates count as drops too."""

@@ -24,6 +24,7 @@ records, so operators stay free of I/O:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -36,8 +37,9 @@ from astraflow.errors import AstraFlowError, ConfigError, LogError
 from astraflow.log import Log, TopicPartition
 from astraflow.metric_names import STREAM_OFFLINE_GROUPS, STREAM_OFFLINE_USED_UP, stream_offline_dropped
 from astraflow.schemas.records import Trajectory
+from astraflow.schemas.validation import Limits, validate
 from astraflow.streams.mixing import OfflineMixer
-from astraflow.streams.operators import Group, GroupBuffer, GroupOperator, run_pipeline, validate
+from astraflow.streams.operators import Group, GroupBuffer, GroupOperator, run_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +70,19 @@ class OfflineSource:
     """Feeds one ``OfflineMixer`` from its topic, for one policy's stream processor."""
 
     def __init__(
-        self, ctx: ComponentContext, policy: str, mixer: OfflineMixer, operators: list[GroupOperator], index: int
+        self,
+        ctx: ComponentContext,
+        policy: str,
+        mixer: OfflineMixer,
+        operators: list[GroupOperator],
+        index: int,
+        limits: Limits = Limits(),
     ) -> None:
         self.ctx = ctx
         self.policy = policy
         self.mixer = mixer
         self.operators = [operator for operator in operators if operator.name != "staleness"]
+        self.limits = dataclasses.replace(limits, group_size=None)  # another run's groups may have another size
         self._source_log: Log | None = None
         log = ctx.log
         if mixer.source is not None:
@@ -118,7 +127,7 @@ class OfflineSource:
             group = None if key is None else self.buffer.fail(key, f"{message.partition}@{message.offset}")
         else:
             key = trajectory.group_id
-            problem = validate(trajectory)
+            problem = validate(trajectory, self.limits)
             if problem is not None:
                 self.ctx.dead_letter(message, f"invalid offline trajectory {trajectory.trajectory_id}: {problem}")
                 group = self.buffer.fail(key, trajectory.trajectory_id, trajectory.group_size)
@@ -131,11 +140,15 @@ class OfflineSource:
 
     def _accept(self, group: Group, version: int) -> None:
         group.origin = f"#offline{self.passes}"
-        reason = (
-            f"incomplete: {len(group.failed)} member(s) dead-lettered"
-            if group.failed
-            else run_pipeline(self.operators, group, version)
-        )
+        try:
+            reason = (
+                f"incomplete: {len(group.failed)} member(s) dead-lettered"
+                if group.failed
+                else run_pipeline(self.operators, group, version)
+            )
+        except Exception as exc:  # an operator that raises drops this group, never the processor
+            logger.exception("stream operator failed on offline group %s", group.group_id)
+            reason = f"error: {type(exc).__name__}: {exc}"
         if reason is not None:
             kind = reason.split(":", 1)[0]
             self.drops[kind] += 1

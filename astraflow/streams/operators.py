@@ -17,7 +17,6 @@ from its spec's fields (``astraflow.config.pipeline``).
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,6 +38,8 @@ class Group:
     replay: int = 0  # 0: fresh; n: the n-th replayed copy of this group
     origin: str = ""  # "": this run's; "#offline<pass>": mixed in from an offline topic (its ids are another run's)
     failed: list[str] = field(default_factory=list)  # members that were dead-lettered: the group is incomplete
+    positions: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) of each trajectory's record
+    expired: bool = False  # completed by ``stream.group_timeout_s``, not by its last member: incomplete
     rewards: np.ndarray = field(init=False)  # [G] float64, rewritten by reward normalisation
 
     def __post_init__(self) -> None:
@@ -107,23 +108,6 @@ def run_pipeline(operators: list[GroupOperator], group: Group, trainer_version: 
     return None
 
 
-def validate(trajectory: Trajectory) -> str | None:
-    """Why a decoded trajectory cannot be trained on, or ``None`` when it is well formed."""
-    if not math.isfinite(trajectory.reward):
-        return f"non-finite reward {trajectory.reward!r}"
-    n = len(trajectory.response_ids)
-    for name in ("behaviour_logprobs", "token_versions", "loss_mask"):
-        if len(getattr(trajectory, name)) != n:
-            return f"{name} has {len(getattr(trajectory, name))} entries for {n} response tokens"
-    if n == 0:
-        return "empty response"
-    if trajectory.group_size < 1:
-        return f"group_size {trajectory.group_size} (an empty group)"
-    if not np.isfinite(trajectory.behaviour_logprobs).all():
-        return "non-finite behaviour log-probs"
-    return None
-
-
 class GroupBuffer:
     """Collects trajectories by group id until ``group_size`` distinct ones arrived.
 
@@ -131,18 +115,26 @@ class GroupBuffer:
     ids of recently completed groups are remembered so a late duplicate does not start a new group.
     A member that was dead-lettered counts towards its group's size (``fail``), so the group still
     completes - with ``Group.failed`` set, for the runtime to drop - instead of waiting forever and
-    holding back the committed offset.
+    holding back the committed offset. A group whose last members never come (a producer died
+    part-way, or announced a larger group) is given up by ``expire`` once the log's time - the
+    newest record timestamp seen - is ``timeout`` past its first member's.
     """
 
     def __init__(self, remember: int = 100_000) -> None:
         self.pending: dict[str, dict[str, tuple[Trajectory, int, int]]] = {}
         self.failed: dict[str, dict[str, int]] = {}
         """Group id → dead-lettered member (trajectory id, or partition@offset) → its group_size (0: unknown)."""
+        self.started: dict[str, int] = {}
+        """Group id → timestamp (ms) of its first member's record, in arrival order."""
+        self.clock = 0
+        """The newest record timestamp (ms) seen: the log's time, which ``expire`` measures against."""
         self._done: OrderedDict[str, None] = OrderedDict()
+        self.expired_ids: OrderedDict[str, None] = OrderedDict()
+        """Recently expired groups (``expire``): a member arriving later is late, not a duplicate."""
         self._remember = remember
         self.duplicates = 0
 
-    def add(self, trajectory: Trajectory, partition: int, offset: int) -> Group | None:
+    def add(self, trajectory: Trajectory, partition: int, offset: int, timestamp: int = 0) -> Group | None:
         """Add one trajectory; return its group once complete."""
         gid = trajectory.group_id
         members = self.pending.setdefault(gid, {}) if gid not in self._done else None
@@ -150,14 +142,43 @@ class GroupBuffer:
             self.duplicates += 1
             return None
         members[trajectory.trajectory_id] = (trajectory, partition, offset)
+        self._tick(gid, timestamp)
         return self._complete(gid, trajectory.group_size)
 
-    def fail(self, group_id: str, member: str, group_size: int = 0) -> Group | None:
+    def fail(self, group_id: str, member: str, group_size: int = 0, timestamp: int = 0) -> Group | None:
         """Count a dead-lettered member of ``group_id``; return the group once that completes it."""
         if group_id in self._done:
             return None
         self.failed.setdefault(group_id, {})[member] = group_size
+        self._tick(group_id, timestamp)
         return self._complete(group_id, group_size)
+
+    def expire(self, timeout_ms: int) -> list[Group]:
+        """Give up the groups whose first member is more than ``timeout_ms`` older than the log's time:
+        each is returned with ``expired`` set (none for a group whose every member was dead-lettered)."""
+        expired = []
+        for gid in self.overdue(timeout_ms):
+            group = self._close(gid)
+            self.expired_ids[gid] = None
+            if len(self.expired_ids) > self._remember:
+                self.expired_ids.popitem(last=False)
+            if group is not None:
+                group.expired = True
+                expired.append(group)
+        return expired
+
+    def overdue(self, timeout_ms: int) -> list[str]:
+        """The ids of the groups ``expire`` would give up now."""
+        overdue = []
+        for gid, started in self.started.items():
+            if self.clock - started <= timeout_ms:
+                break  # arrival order: the groups after this one started later (within clock skew)
+            overdue.append(gid)
+        return overdue
+
+    def _tick(self, gid: str, timestamp: int) -> None:
+        self.started.setdefault(gid, timestamp)
+        self.clock = max(self.clock, timestamp)
 
     def _complete(self, gid: str, group_size: int) -> Group | None:
         members = self.pending.get(gid, {})
@@ -165,15 +186,25 @@ class GroupBuffer:
         size = max([group_size, *failed.values()] + [t.group_size for t, _, _ in members.values()])
         if size == 0 or len(members) + len(failed) < size:
             return None
-        self.pending.pop(gid, None)
-        self.failed.pop(gid, None)
+        return self._close(gid)
+
+    def _close(self, gid: str) -> Group | None:
+        """Remove ``gid`` from the pending groups and remember it as done; its group, if it has a trajectory."""
+        members = self.pending.pop(gid, {})
+        failed = self.failed.pop(gid, {})
+        self.started.pop(gid, None)
         self._done[gid] = None
         if len(self._done) > self._remember:
             self._done.popitem(last=False)
         if not members:
             return None
         ordered = sorted(members.values(), key=lambda item: item[0].trajectory_id)
-        return Group(gid, [item[0] for item in ordered], failed=sorted(failed))
+        return Group(
+            gid,
+            [item[0] for item in ordered],
+            failed=sorted(failed),
+            positions=[(partition, offset) for _, partition, offset in ordered],
+        )
 
     def safe_offsets(self, positions: dict[int, int]) -> dict[int, int]:
         """Per partition, the offset up to which every record belongs to an emitted group."""

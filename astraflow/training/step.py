@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from astraflow.errors import NonFiniteStepError
 from astraflow.models.sampling import left_pad
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.backends.torch_adamw import TorchBackend
@@ -167,7 +168,11 @@ class PolicyTrainer:
         self.optimizer = self.backend.optimizer
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
-        """One optimizer step on all of ``examples`` (split into micro-batches if configured)."""
+        """One optimizer step on all of ``examples`` (split into micro-batches if configured).
+
+        ``NonFiniteStepError`` when the loss or the gradient norm is not finite: then the weights,
+        the optimizer state and ``version`` are left as they were.
+        """
         if not examples:
             raise ValueError("PolicyTrainer.step needs at least one example")
         started = time.perf_counter()
@@ -194,12 +199,17 @@ class PolicyTrainer:
                 denominator=max(denominator, 1.0),
                 max_tokens=config.max_tokens,
             )
-            self.backend.backward(loss, last=start + size >= len(examples))
             total_loss += float(loss.detach())
+            if not math.isfinite(total_loss):  # its gradient would be too: stop before it reaches the weights
+                self.backend.zero_grad()
+                raise NonFiniteStepError(f"loss {total_loss} is not finite (version {self.version}, step skipped)")
+            self.backend.backward(loss, last=start + size >= len(examples))
             for name, value in vars(stats).items():
                 weighted[name] = weighted.get(name, 0.0) + value * stats.tokens
         lr = config.lr * lr_factor(self.version, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio)
         grad_norm = self.backend.step(lr)
+        if not math.isfinite(grad_norm):  # the backend left the weights and optimizer state as they were
+            raise NonFiniteStepError(f"gradient norm {grad_norm} is not finite (version {self.version}, step skipped)")
         self.version += 1
         return StepStats(
             version=self.version,

@@ -69,7 +69,7 @@ def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, recall_
     samples += [TrainSample(f"g6/{i}", trajectory("g6", i), 1.0, 3) for i in (0, 1)]
     traj_topic = topics.trajectories("main")
     letters = [
-        DeadLetter("stream-1", "invalid trajectory g4/0: non-finite reward nan", "", traj_topic, 0, 6, b"g4", b"", 0),
+        DeadLetter("stream-1", "invalid trajectory g4/0: reward: non-finite nan", "", traj_topic, 0, 6, b"g4", b"", 0),
         DeadLetter(
             "stream-1",
             "undecodable trajectory: not an Avro single-object record",
@@ -135,7 +135,7 @@ def test_audit_accounts_for_every_fate(tmp_path: Path, log_section: dict, unique
     assert main.records == 14 + 2 * faulty and main.items == 14 + 2 * faulty
     assert main.trained == {1: 2, 2: 2}
     assert main.filtered == {"zero_variance": 2, "incomplete": 2}
-    assert main.dead_lettered == {"invalid: non-finite reward nan": 1, "undecodable (SchemaError)": 1}
+    assert main.dead_lettered == {"invalid: reward: non-finite nan": 1, "undecodable (SchemaError)": 1}
     assert main.pending == {"trainer": 2, "stream": 2}
     assert main.accounted == 10 and main.replays_trained == 1
     assert report.tasks_dead_lettered == {"workflow (RewardError)": 1}

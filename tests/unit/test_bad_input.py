@@ -54,10 +54,10 @@ def bad_trajectory(**changes: object) -> Callable[[ComponentContext], bytes]:
             "SchemaError",
             "does not resolve to this package's schema: Schema mismatch: string is not double",
         ),
-        (bad_trajectory(reward=float("nan")), "", "non-finite reward nan"),
-        (bad_trajectory(reward=float("inf")), "", "non-finite reward inf"),
-        (bad_trajectory(policy="verifier"), "", "policy 'verifier' is not 'main'"),
-        (bad_trajectory(group_size=0), "", "group_size 0 (an empty group)"),
+        (bad_trajectory(reward=float("nan")), "", "reward: non-finite nan"),
+        (bad_trajectory(reward=float("inf")), "", "reward: non-finite inf"),
+        (bad_trajectory(policy="verifier"), "", "policy: 'verifier' is not 'main'"),
+        (bad_trajectory(group_size=0), "", "group_size: 0 (an empty group)"),
     ],
     ids=[
         "garbage-bytes",
@@ -104,7 +104,7 @@ def read(ctx: ComponentContext, topic: str, record: type) -> list:
 
 
 def test_a_group_whose_every_member_is_bad_leaves_nothing_waiting(tmp_path: Path) -> None:
-    ctx = ComponentContext(parse_config({"log": {"partitions": 1}}), tmp_path, "stream")
+    ctx = ComponentContext(parse_config({"rollout": {"group_size": 2}, "log": {"partitions": 1}}), tmp_path, "stream")
     try:
         processor = NativeStreamProcessor(ctx, "main")
         topic = ctx.topics.trajectories("main")

@@ -14,6 +14,7 @@ import pytest
 
 from astraflow.config import parse_config
 from astraflow.errors import ConfigError
+from astraflow.log import Message
 from astraflow.schemas.codec import Codec
 from astraflow.streams.faust_table import PendingTable, entry_key
 from astraflow.streams.operators import GroupBuffer
@@ -23,8 +24,8 @@ from tests.unit.test_stream_operators import traj
 CODEC = Codec()
 
 
-INPUT: dict[int, bytes] = {}
-"""The input partition: record offset → value."""
+INPUT: dict[int, Message] = {}
+"""The input partition: record offset → record."""
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +36,9 @@ def empty_input() -> None:
 def arrive(table: PendingTable, buffer: GroupBuffer, arrival: Arrival, value: bytes = b"") -> object:
     """Append one record to the input, and do what the faust runtime does with it: join, then journal."""
     offset = len(INPUT)
-    INPUT[offset] = value
+    INPUT[offset] = Message("trajectories", 0, offset, None, value, 0)
     before = table.entries(buffer, 0, arrival.group_id)
-    group = arrival.join(buffer, 0, offset)
+    group = arrival.join(buffer, INPUT[offset])
     table.journal(before, table.entries(buffer, 0, arrival.group_id), 0, offset, arrival.group_size)
     return group
 

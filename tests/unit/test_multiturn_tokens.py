@@ -26,7 +26,8 @@ from astraflow.producers.workflows.base import Provenance
 from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
-from astraflow.streams.operators import Group, validate
+from astraflow.schemas.validation import validate
+from astraflow.streams.operators import Group
 from astraflow.streams.pipeline import build_pipeline
 from astraflow.tasks.search.facts import ALPHABET
 from astraflow.training.loss import ppo_clip_loss

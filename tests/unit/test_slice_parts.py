@@ -85,25 +85,33 @@ def message(offset: int) -> Message:
 
 
 def test_batches_are_whole_groups_in_offset_order() -> None:
-    assembler = BatchAssembler(batch_samples=4)
+    assembler = BatchAssembler(batch_samples=4, group_size=2)
     stream = [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 1), ("c", 0), ("c", 1)]
     for offset, (group, index) in enumerate(stream):
         assembler.add(sample(group, index, 2), message(offset))
-    batch, last = assembler.take()
-    assert [s.sample_id for s in batch] == ["a/0", "b/0", "a/1", "b/1"]
-    assert last.offset == 3
+    batch = assembler.take()
+    assert [s.sample_id for s, _ in batch] == ["a/0", "b/0", "a/1", "b/1"]
+    assert batch[-1][1].offset == 3
     assert assembler.duplicates == 1
     assert assembler.take() is None  # c is one group of 2 < 4 samples
 
 
 def test_batch_waits_for_a_straddling_group() -> None:
-    assembler = BatchAssembler(batch_samples=2)
+    assembler = BatchAssembler(batch_samples=2, group_size=2)
     for offset, (group, index) in enumerate([("a", 0), ("b", 0), ("a", 1)]):
         assembler.add(sample(group, index, 2), message(offset))
     assert assembler.take() is None  # group b is open inside the prefix
     assembler.add(sample("b", 1, 2), message(3))
-    batch, last = assembler.take()
-    assert len(batch) == 4 and last.offset == 3
+    batch = assembler.take()
+    assert len(batch) == 4 and batch[-1][1].offset == 3
+
+
+def test_a_dead_lettered_sample_still_completes_its_group() -> None:
+    assembler = BatchAssembler(batch_samples=2, group_size=2)
+    assembler.add(sample("a", 0, 2), message(0))
+    assembler.fail(message(1), "a")  # a/1 was dead-lettered: the group is whole without it
+    batch = assembler.take()
+    assert [(s and s.sample_id, m.offset) for s, m in batch] == [("a/0", 0), (None, 1)]
 
 
 def test_checkpoint_round_trip_and_atomicity(tmp_path: Path) -> None:
@@ -141,7 +149,7 @@ def test_a_restarted_trainer_recalls_the_ids_it_trained_before_its_checkpoint(ct
     for i in range(6):
         ctx.producer.send(topic, ctx.codec.encode(TrainSample(f"s{i}", traj("g", i % 2, 1.0), 1.0, 3)), partition=0)
     ctx.producer.flush()
-    assembler = BatchAssembler(batch_samples=2)
+    assembler = BatchAssembler(batch_samples=2, group_size=2)
     trainer = SimpleNamespace(ctx=ctx, offsets={0: 4})  # checkpointed: offsets 0..3 trained
     Trainer._recall_trained(trainer, [TopicPartition(topic, 0)], assembler, window=3)
     # offsets 1..3 are recalled (the window), 0 is outside it, 4 and 5 were never trained

@@ -16,6 +16,7 @@ from astraflow.config.pipeline import OperatorSpec
 from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition
 from astraflow.schemas.records import Metric, TrainSample, Trajectory
+from astraflow.schemas.validation import Limits, validate
 from astraflow.streams.advantage import (
     DrGrpoAdvantage,
     GrpoAdvantage,
@@ -32,7 +33,7 @@ from astraflow.streams.filters import (
 )
 from astraflow.streams.mixing import OfflineMixer, ReplayMixer
 from astraflow.streams.native import NativeStreamProcessor
-from astraflow.streams.operators import OPERATORS, Group, GroupBuffer, validate
+from astraflow.streams.operators import OPERATORS, Group, GroupBuffer
 from astraflow.streams.ordering import EdfOrdering, FifoOrdering
 from astraflow.streams.pipeline import build_pipeline
 
@@ -113,20 +114,33 @@ def test_group_buffer_completes_groups_and_drops_duplicates() -> None:
     assert buffer.safe_offsets({0: 14, 1: 9}) == {0: 14, 1: 5}
 
 
+LIMITS = Limits(max_abs_reward=1e6, group_size=4, vocab_size=10, context_length=8)
+"""traj() fits these: rewards of 0/1, groups of 4, ids 0..2, 3 + 3 tokens."""
+
+
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
     [
-        ("reward", float("nan"), "non-finite reward"),
-        ("reward", float("inf"), "non-finite reward"),
-        ("loss_mask", np.ones(2, dtype=np.uint8), "loss_mask has 2 entries"),
-        ("behaviour_logprobs", np.array([0.0, np.nan, 0.0], dtype=np.float32), "non-finite behaviour"),
+        ("reward", float("nan"), "reward: non-finite nan"),
+        ("reward", float("inf"), "reward: non-finite inf"),
+        ("reward", 1e200, "reward: 1e+200 is beyond stream.max_abs_reward (1e+06)"),
+        ("reward", -1e39, "reward: -1e+39 is beyond stream.max_abs_reward"),
+        ("loss_mask", np.ones(2, dtype=np.uint8), "loss_mask: 2 entries for 3 response tokens"),
+        ("loss_mask", np.array([1, 3, 1], dtype=np.uint8), "loss_mask: values must be 0 or 1, found 3"),
+        ("behaviour_logprobs", np.array([0.0, np.nan, 0.0], dtype=np.float32), "behaviour_logprobs: non-finite"),
+        ("response_ids", np.array([1, 10, 2], dtype=np.int32), "response_ids: token id 10 is not below the vocab"),
+        ("prompt_ids", np.array([-1, 2], dtype=np.int32), "prompt_ids: negative token id -1"),
+        ("prompt_ids", np.arange(6, dtype=np.int32), "prompt_ids + response_ids: 9 tokens exceed the model's context"),
+        ("group_size", 0, "group_size: 0 (an empty group)"),
+        ("group_size", 5, "group_size: 5, but the policy's rollout.group_size is 4"),
+        ("token_versions", np.array([0, 7, 0], dtype=np.int32), "token_versions: version 7 is above the newest"),
     ],
 )
-def test_validate_names_the_problem(field: str, value, problem: str) -> None:
+def test_validate_names_the_field_at_fault(field: str, value, problem: str) -> None:
     t = traj("g", 0, 1.0)
     setattr(t, field, value)
-    assert problem in validate(t)
-    assert validate(traj("g", 0, 1.0)) is None
+    assert validate(t, LIMITS, newest_version=6).startswith(problem)
+    assert validate(traj("g", 0, 1.0), LIMITS, newest_version=6) is None
 
 
 def group(name: str, rewards: list[float], version: int = 0, lengths: list[int] | None = None) -> Group:
@@ -374,8 +388,7 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
     processor = NativeStreamProcessor(ctx, "main")
     groups = [group("a", [1, 0], 5), group("b", [1, 1], 5), group("c", [0, 1], 2), group("d", [0, 1], 5)]
     accepted = [g for g in groups if processor._process(g, 5)]
-    for g in processor.pipeline.emit(accepted):
-        processor._send(g, 5)
+    processor._emit(accepted, 5)
     processor.buffer.duplicates = 3
     processor._count_redeliveries(5)
     ctx.producer.flush()

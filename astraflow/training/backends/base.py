@@ -48,4 +48,5 @@ class TrainerBackend(ABC):
     @abstractmethod
     def step(self, lr: float) -> float:
         """Clip the gradients (global norm, the backend's ``max_grad_norm``), update at ``lr``;
-        the norm before clipping."""
+        the norm before clipping. When that norm is not finite, nothing is updated (parameters and
+        optimizer state stay as they were) and the gradients are dropped."""

@@ -136,7 +136,10 @@ class DeepSpeedBackend(TrainerBackend):
             import torch
 
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
-        self.engine.step()
+            if not torch.isfinite(norm):
+                self.engine.zero_grad()
+                return float(norm)
+        self.engine.step()  # ZeRO: an invalid norm counts as an overflow, and the step is skipped
         if self.zero_stage > 0:
             norm = self.engine.get_global_grad_norm()
         return float(norm)

@@ -25,6 +25,9 @@ class TorchBackend(TrainerBackend):
 
     def step(self, lr: float) -> float:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            self.zero_grad()
+            return float(grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
