@@ -192,7 +192,10 @@ def run(
     max_minutes: Annotated[
         Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")
     ] = None,
-    dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
+    dashboard: Annotated[
+        bool,
+        typer.Option(help="Show the live dashboard on a terminal; without it, or off one, print a line every 10 s."),
+    ] = True,
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
     from astraflow.launch.launcher import launch
@@ -239,7 +242,10 @@ def replay(
     max_minutes: Annotated[
         Optional[float], typer.Option(help="Wall-clock budget after warm-up (overrides stop.max_minutes).")
     ] = None,
-    dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
+    dashboard: Annotated[
+        bool,
+        typer.Option(help="Show the live dashboard on a terminal; without it, or off one, print a line every 10 s."),
+    ] = True,
 ) -> None:
     from astraflow.attach import open_run
     from astraflow.launch.replay import parse_time_ms

@@ -1,11 +1,12 @@
-"""The live dashboard of ``astraflow run`` (rich): version, accuracy, reward, staleness, rates,
-and per rollout producer its region, hardware, throughput and version lag, with the scaler's decision."""
+"""The live dashboard of ``astraflow run`` on a terminal (rich): version, accuracy, reward, staleness,
+rates, and per rollout producer its region, hardware, throughput and version lag, with the scaler's
+decision. Off a terminal the run prints ``progress.py``'s lines instead."""
 
 from __future__ import annotations
 
 import time
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -13,24 +14,20 @@ from astraflow.metric_names import STREAM_STALENESS, TRAIN_STEP_SECONDS
 
 
 class Dashboard:
-    """Renders a ``RunMonitor``'s state; disabled, it renders nothing (for tests and pipes)."""
+    """Renders a ``RunMonitor``'s state in place on ``console``, a terminal."""
 
-    def __init__(self, monitor, enabled: bool) -> None:
+    def __init__(self, monitor, console: Console) -> None:
         self.monitor = monitor
-        self.live = Live(auto_refresh=False) if enabled else None
+        self.live = Live(console=console, auto_refresh=False)
 
     def __enter__(self) -> "Dashboard":
-        if self.live is not None:
-            self.live.__enter__()
+        self.live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(*exc)
+        self.live.__exit__(*exc)
 
     def refresh(self, children: list) -> None:
-        if self.live is None:
-            return
         m = self.monitor
         status = Table(title=f"AstraFlow run '{m.config.run}' on the {m.config.log.backend} log", show_header=False)
         acc = m.accuracy

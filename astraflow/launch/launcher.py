@@ -12,7 +12,8 @@ Steps:
    ``scaler.enabled`` also the scaler, and the producer pool (``pool.py``) follows its
    ``scaler.desired_producers`` decisions within ``scaler.min_producers..max_producers``.
 3. Follow the metrics topic (``RunMonitor``): append every metric to ``metrics.jsonl``, show the
-   dashboard, and stop on ``stop.max_minutes``, ``stop.target_accuracy``, ``stop.target_gain``, ``stop.max_versions``
+   dashboard (on a terminal; otherwise a progress line every 10 s), and stop on
+   ``stop.max_minutes``, ``stop.target_accuracy``, ``stop.target_gain``, ``stop.max_versions``
    or Ctrl-C (or SIGTERM). A component that exits on its own (a crash, ``kill -9``, a log it
    lost) is restarted and resumes from the log and its checkpoint; each restart is a
    ``launcher.restarts`` metric (labels ``child`` and ``kind``). One that exits again after

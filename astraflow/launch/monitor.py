@@ -1,4 +1,5 @@
-"""The run monitor: follows ``{run}.metrics``, keeps ``metrics.jsonl``, shows the live dashboard.
+"""The run monitor: follows ``{run}.metrics``, keeps ``metrics.jsonl``, shows the run's progress:
+the live dashboard on a terminal, otherwise a plain line every 10 s (``progress.py``).
 
 It is an analysis consumer like any other (no group, nothing committed), so it never slows the
 components. Records/s per topic comes from the topics' end offsets, sampled each refresh.
@@ -18,10 +19,13 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+
 from astraflow.analysis.producer_stats import ProducerTally
 from astraflow.config import RunConfig
 from astraflow.errors import AstraFlowError, LogError
 from astraflow.launch.dashboard import Dashboard
+from astraflow.launch.progress import ProgressLines
 from astraflow.log import Log, TopicPartition
 from astraflow.metric_names import EVAL_ACCURACY, EVAL_SYSTEM_PREFIX, STREAM_GROUP_REWARD, TRAIN_VERSION
 from astraflow.rundir import RunDir
@@ -60,6 +64,8 @@ class RunMonitor:
         self.policy_accuracy: dict[str, dict[int, float]] = {policy: {} for policy in self.policies}
         self.accuracy = self.policy_accuracy[self.policies[0]]
         self.policy_versions: dict[str, int] = {policy: 0 for policy in self.policies}
+        self.policy_latest: dict[str, dict[str, float]] = {policy: {} for policy in self.policies}
+        """Per policy, the newest value of each metric name (a metric with no ``policy`` label: the first policy's)."""
         self.system: dict[str, dict[str, float]] = {}
         self.latest: dict[str, float] = {}
         self.rewards: deque[float] = deque(maxlen=200)
@@ -67,7 +73,8 @@ class RunMonitor:
         self.notes: deque[str] = deque(maxlen=4)
         self.rates: dict[str, float] = {}
         self.producers = ProducerTally()
-        self._last_ends: tuple[float, dict[str, int]] | None = None
+        self.ends: tuple[float, dict[str, int]] | None = None
+        """(``time.monotonic()``, end offset of each topic) of the newest sample, for the rates."""
 
     def _consume(self, timeout: float) -> None:
         for message in self.consumer.poll(max_records=5000, timeout=timeout):
@@ -93,6 +100,8 @@ class RunMonitor:
             self.latest[metric.name] = metric.value
             self.producers.observe(metric)
             policy = metric.labels.get("policy", self.policies[0])
+            if policy in self.policy_latest:
+                self.policy_latest[policy][metric.name] = metric.value
             if metric.name == EVAL_ACCURACY and policy in self.policy_accuracy:
                 self.policy_accuracy[policy][metric.step] = metric.value
             elif metric.name == TRAIN_VERSION and policy in self.policy_versions:
@@ -111,10 +120,10 @@ class RunMonitor:
         ]
         ends = {name: sum(self.log.end_offsets(name).values()) for name in names}
         now = time.monotonic()
-        if self._last_ends is not None:
-            then, previous = self._last_ends
+        if self.ends is not None:
+            then, previous = self.ends
             self.rates = {name: (ends[name] - previous[name]) / max(now - then, 1e-6) for name in names}
-        self._last_ends = (now, ends)
+        self.ends = (now, ends)
 
     def done(self) -> str | None:
         """Why the run should stop now, or ``None``."""
@@ -138,9 +147,14 @@ class RunMonitor:
         return gain_over_base(self.policy_accuracy[policy])
 
     def follow(self, children: list, dashboard: bool, on_refresh: Callable[[], str | None] | None = None) -> None:
-        """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks
-        (a note for the dashboard, or ``None``)."""
-        with Dashboard(self, enabled=dashboard) as view:
+        """Refresh until ``done``; ``on_refresh`` runs after each refresh's checks (a note, or ``None``).
+
+        With ``dashboard`` and stdout a terminal the live dashboard shows the run; otherwise a
+        progress line is printed every 10 s, so a run in a pipe or a log file shows it too.
+        """
+        console = Console()
+        view = Dashboard(self, console) if dashboard and console.is_terminal else ProgressLines(self, console)
+        with view:
             while True:
                 self._consume(timeout=REFRESH_S)
                 try:
