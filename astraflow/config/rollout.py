@@ -61,8 +61,9 @@ class OpenAIEngineOptions(Section):
     """``openai``: requests in flight at once (one per prompt; the ``n`` samples share it)."""
     weight_update: Literal["none", "sglang_disk"] = "none"
     (
-        "``openai``: how new versions reach the server: ``none`` (it serves fixed weights and the engine says so) or "
-        "``sglang_disk`` (safetensors written to ``update_dir``, loaded by SGLang's ``/update_weights_from_disk``)."
+        "``openai``: how new versions reach the server: ``none`` (it serves fixed weights; a run, which trains its "
+        "policies, refuses it at load time) or ``sglang_disk`` (safetensors written to ``update_dir``, loaded by "
+        "SGLang's ``/update_weights_from_disk``)."
     )
     update_dir: str | None = None
     """``openai`` with ``sglang_disk``: a directory the producer writes and the server reads at the same path."""

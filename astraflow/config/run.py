@@ -125,6 +125,20 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _engines_take_new_weights(self) -> "RunConfig":
+        """A run trains every policy: an engine that cannot load new versions would sample the first one for ever,
+        and the run stall once the staleness bound drops every trajectory."""
+        for name in self.policy_names():
+            engine = self.for_policy(name).engine
+            if engine.type == "openai" and engine.openai.weight_update == "none":
+                raise ValueError(
+                    f"engine.openai.weight_update: 'none' (policy {name!r}) serves fixed weights, but the run trains "
+                    "the policy, so its rollout producers would never take a new version; set weight_update: "
+                    "sglang_disk with an update_dir the server reads, or engine.type: torch or vllm"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _stream_runtime_fits_the_log(self) -> "RunConfig":
         for name in self.policy_names():
             if self.log.backend == "embedded" and self.for_policy(name).stream.runtime == "faust":

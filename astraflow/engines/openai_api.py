@@ -20,7 +20,9 @@ Weights: with ``weight_update: sglang_disk`` a new version is written as safeten
 ``update_dir`` (which the server must see at the same path) and loaded with SGLang's
 ``POST /update_weights_from_disk``. Otherwise (``none``) the server's weights are fixed:
 ``refreshable`` is False, ``load_state_dict`` logs that once, and every trajectory keeps the
-version the engine started with, so the stream's staleness filter judges it honestly.
+version the engine started with, so the stream's staleness filter judges it honestly. That is for
+sampling a fixed model (evaluation, benchmarks): a run config refuses it (``RunConfig``), since its
+producers would never change version while the trainer publishes new ones.
 """
 
 from __future__ import annotations

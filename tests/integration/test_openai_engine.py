@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.config import parse_config
+from astraflow.config import EngineConfig
 from astraflow.engines import EngineError, build_engine
 from astraflow.engines.openai_api import OpenAIEngine
 from astraflow.models.loading import load_policy
@@ -145,8 +145,8 @@ def test_vllm_server_trajectories_match_a_local_forward_pass(
     vllm_url: str, checkpoint: Path, temperature: float
 ) -> None:
     model, tokenizer = load_policy(checkpoint)
-    engine = build_engine(
-        parse_config({"engine": {"type": "openai", "openai": {"base_url": vllm_url}}}).engine, checkpoint
+    engine = build_engine(  # the engine alone: fixed weights are refused only in a run, which trains them
+        EngineConfig.model_validate({"type": "openai", "openai": {"base_url": vllm_url}}), checkpoint
     )
     assert isinstance(engine, OpenAIEngine) and engine.model == "tiny"
     groups = engine.generate(PROMPTS, n=4, max_new_tokens=8, temperature=temperature)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from astraflow.config import parse_config
+from astraflow.config import EngineConfig, parse_config
 from astraflow.engines import build_engine
 from astraflow.engines.torch_engine import TorchEngine
 from astraflow.errors import ConfigError
@@ -83,3 +83,28 @@ def test_bf16_checkpoint_loads_in_the_asked_dtype(tmp_path: Path) -> None:
 def test_bad_engine_and_backend_config_names_the_field(raw: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         parse_config(raw)
+
+
+OPENAI = {"type": "openai", "openai": {"base_url": "http://x/v1"}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "policy"),
+    [
+        ({"engine": OPENAI}, "main"),
+        ({"engine": {**OPENAI, "openai": {**OPENAI["openai"], "weight_update": "none"}}}, "main"),
+        ({"policies": {"solver": {}, "critic": {"engine": OPENAI}}}, "critic"),
+    ],
+)
+def test_a_run_refuses_an_engine_that_never_takes_new_weights(raw: dict, policy: str) -> None:
+    with pytest.raises(ConfigError, match=rf"engine\.openai\.weight_update: 'none' \(policy '{policy}'\).*sglang_disk"):
+        parse_config(raw)
+
+
+def test_an_engine_that_takes_new_weights_or_serves_outside_a_run_is_valid() -> None:
+    disk = {**OPENAI, "openai": {**OPENAI["openai"], "weight_update": "sglang_disk", "update_dir": "/srv/w"}}
+    assert parse_config({"engine": disk}).engine.openai.weight_update == "sglang_disk"
+    assert parse_config({"policies": {"solver": {"engine": disk}, "critic": {}}}).for_policy("solver").engine.type == (
+        "openai"
+    )
+    assert EngineConfig.model_validate(OPENAI).openai.weight_update == "none"  # fixed weights, e.g. to evaluate
