@@ -241,7 +241,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
         topics.ensure(log, partitions=1)
         topic = topics.weights("main")
         config = WeightsConfig(full_sync_interval=args.steps + 1)
-        publisher = WeightPublisher(producer, codec, topic, "main", config)
+        publisher = WeightPublisher(producer, codec, topic, "main", config, log=log)
         store = open_store(str(workdir / "store"))
         pipe, child_end = multiprocessing.Pipe()
         follower = multiprocessing.get_context("spawn").Process(

@@ -34,10 +34,11 @@ class WeightsConfig(Section):
         "With ``transport: store``: a directory or ``file://`` URI that every reader of the weights can also reach (a "
         "relative path resolves against the trainer's working directory; manifests carry the absolute URI)."
     )
-    keep_versions: int | None = Field(default=None, ge=1)
+    keep_versions: int | None = Field(default=8, ge=1)
     (
         "Keep only the newest this many versions (plus the full version their deltas start from): older records are "
-        "deleted from the topic, older stored chunks from the store; ``None`` keeps all."
+        "deleted from the topic, older stored chunks from the store; ``None`` keeps all (the topic then grows by one "
+        "version per step for the whole run)."
     )
 
     @field_validator("store")

@@ -131,6 +131,7 @@ class WeightChunk:
     store_uri: str | None = None
     created_ms: int = 0
     base_sha256: str = ""
+    chunk_offset: int = -1
 
 
 @dataclass

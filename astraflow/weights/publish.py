@@ -13,12 +13,13 @@ Steps of one publish (what makes a version atomic and exact for readers):
    the chunk partition of ``{run}.weights.{policy}``, then flushes (durable before anything refers
    to it); ``transport: store`` writes them to the store (``store.py``) instead.
 4. The manifest (version, base version and base sha256, tensor table, total size, sha256 of the
-   payload, and with a store the chunks' URI) is sent to the manifest partition and flushed. A
-   reader applies a version only after it holds the manifest and every chunk, the checksum matches
-   and, for a delta, it holds exactly the base (version and sha256), so a crash mid-publish leaves
-   no version and no wrong weights.
-5. With ``keep_versions``, versions no longer kept are deleted from the topic and the store
-   (``retention.py``).
+   payload, with a store the chunks' URI, and the chunk partition's end before step 3, from which
+   a new reader that starts at this version reads its chunks) is sent to the manifest partition
+   and flushed. A reader applies a version only after it holds the manifest and every chunk, the
+   checksum matches and, for a delta, it holds exactly the base (version and sha256), so a crash
+   mid-publish leaves no version and no wrong weights.
+5. With ``keep_versions`` (8 by default), versions no longer kept are deleted from the topic and
+   the store (``retention.py``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class PublishStats:
 class WeightPublisher:
     """Sends weight versions of one policy to its weights topic, as deltas with periodic full ones.
 
-    ``log`` is needed for ``weights.keep_versions`` (to delete old records from the topic).
+    ``log`` is needed for ``weights.keep_versions`` (to delete old records from the topic), and gives
+    each manifest its ``chunk_offset``; without it, ``keep_versions`` must be ``None``.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class WeightPublisher:
         self.policy = policy
         self.config = config or WeightsConfig()
         self.last_stats: PublishStats | None = None
+        self._log = log
         self._store = open_store(self.config.store) if self.config.transport == "store" else None
         self._retention = None
         if self.config.keep_versions is not None:
@@ -107,7 +110,7 @@ class WeightPublisher:
         payload = build_payload(transfer, base.state if base else None)
         encoded = time.perf_counter()
         base_version, base_sha256 = (base.version, base.sha256) if base else (-1, "")
-        start = self._retention.next_start() if self._retention else {}
+        start = self._log.end_offsets(self.topic) if self._log is not None else {}  # where its records will start
         outline = WeightChunk(
             self.policy,
             version,
@@ -120,6 +123,7 @@ class WeightPublisher:
             "",
             tensors=payload.specs,
             base_sha256=base_sha256,
+            chunk_offset=start.get(WEIGHTS_CHUNK_PARTITION, -1),
         )
         manifest = send_version(
             self.producer, self.codec, self.topic, outline, payload.buffer, self.config.chunk_bytes, self._store

@@ -1,4 +1,5 @@
-"""Retention of weight versions (``weights.keep_versions``): the last K versions, and the full one they need.
+"""Retention of weight versions (``weights.keep_versions``, 8 by default): the last K versions, and the full one
+they need.
 
 A delta is only readable on top of its base, so "the last K versions" really means the last K
 versions plus the chain back to the newest full version at or before the oldest of them. The
@@ -43,10 +44,6 @@ class VersionRetention:
         self.topic = topic
         self.store = store
         self.kept: list[KeptVersion] = []
-
-    def next_start(self) -> dict[int, int]:
-        """Where the records of the version about to be sent will start (call before sending it)."""
-        return self.log.end_offsets(self.topic)
 
     def published(self, version: KeptVersion) -> None:
         """Record a version that is now on the log, and delete what no kept version needs any more."""

@@ -79,9 +79,9 @@ def test_chunks_above_the_brokers_default_record_size(log: Log, unique: str) -> 
     assert log.describe_topic(topic).max_message_bytes == 25 * MiB  # the local broker's message.max.bytes is 16 MiB
     state = {"w": torch.randn(10 * MiB, generator=torch.Generator().manual_seed(0))}  # 20 MiB in bf16: one chunk
     with log.producer() as producer:
-        manifest = WeightPublisher(producer, Codec(), topic, "main", WeightsConfig(chunk_bytes=24 * MiB)).publish(
-            state, 0
-        )
+        manifest = WeightPublisher(
+            producer, Codec(), topic, "main", WeightsConfig(chunk_bytes=24 * MiB), log=log
+        ).publish(state, 0)
     assert manifest.num_chunks == 1 and manifest.total_bytes == 20 * MiB
     follower = WeightFollower(log, topic, payload=True).start()
     try:

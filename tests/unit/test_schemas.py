@@ -95,6 +95,7 @@ SAMPLES: dict[str, Any] = {
         tensors=[TensorSpec("w", "float32", [3], 0, 12, "raw")],
         store_uri="file:///tmp/w",
         created_ms=6,
+        chunk_offset=7,
     ),
     "PromptStats": PromptStats(
         "p-1",

@@ -300,7 +300,7 @@ def test_real_tiny_model_after_adamw_steps_round_trips_through_the_log(tmp_path:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     published = {}
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", WeightsConfig(chunk_bytes=4096))
+        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", WeightsConfig(chunk_bytes=4096), log=log)
         for version in range(4):
             if version:
                 ids = torch.randint(3, len(tokenizer), (4, 12))
@@ -367,7 +367,7 @@ class Sabotage(Producer):
 )
 def test_full_versions_first_and_every_interval(tmp_path: Path, config: WeightsConfig, encodings: list[str]) -> None:
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config)
+        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config, log=log)
         got = [publisher.publish(perturbed(random_state(1), 0.01, seed=v), v).encoding for v in range(6)]
         assert got == encodings
         assert publisher.publish(random_state(3), 6, full=True).encoding == "full"
@@ -378,7 +378,7 @@ def test_follower_skips_deltas_without_their_base_until_the_next_full(tmp_path: 
     states = [perturbed(random_state(1), 0.02, seed=v) for v in range(6)]
     with open_weights_log(tmp_path) as log, log.producer() as producer:
         faulty = Sabotage(producer, **{sabotage: {1}})
-        publisher = WeightPublisher(faulty, Codec(), TOPIC, "main", WeightsConfig(full_sync_interval=4))
+        publisher = WeightPublisher(faulty, Codec(), TOPIC, "main", WeightsConfig(full_sync_interval=4), log=log)
         for version, state in enumerate(states[:4]):  # full 0, delta 1 (sabotaged), delta 2, delta 3
             publisher.publish(state, version)
         follower = WeightFollower(log, TOPIC, payload=True).start()
@@ -401,10 +401,10 @@ def test_delta_from_a_restarted_trainer_is_not_applied_onto_the_old_version(tmp_
     before = [perturbed(random_state(1), 0.02, seed=v) for v in range(3)]
     after = [perturbed(random_state(1), 0.02, seed=10 + v) for v in range(3)]  # redone versions, other bits
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        first = WeightPublisher(producer, Codec(), TOPIC, "main")
+        first = WeightPublisher(producer, Codec(), TOPIC, "main", log=log)
         for version in range(3):
             first.publish(before[version], version)
-        restarted = WeightPublisher(producer, Codec(), TOPIC, "main")  # resumed from a checkpoint at version 1
+        restarted = WeightPublisher(producer, Codec(), TOPIC, "main", log=log)  # resumed from a checkpoint at version 1
         for version in (1, 2):
             restarted.publish(after[version], version)
         newest = perturbed(after[2], 0.02, seed=99)
@@ -424,14 +424,16 @@ def test_delta_from_a_restarted_trainer_is_not_applied_onto_the_old_version(tmp_
 def test_follower_that_holds_a_version_follows_its_republished_lineage(tmp_path: Path) -> None:
     states = [perturbed(random_state(1), 0.02, seed=v) for v in range(4)]
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        first = WeightPublisher(producer, Codec(), TOPIC, "main")
+        first = WeightPublisher(producer, Codec(), TOPIC, "main", log=log)
         for version in range(3):  # full 0, delta 1, delta 2
             first.publish(states[version], version)
         follower = WeightFollower(log, TOPIC, payload=True).start()
         try:
             assert follower.wait_caught_up(timeout=60)
             assert follower.take()[0] == 2
-            restarted = WeightPublisher(producer, Codec(), TOPIC, "main")  # resumed from the checkpoint of version 2
+            restarted = WeightPublisher(
+                producer, Codec(), TOPIC, "main", log=log
+            )  # resumed from the checkpoint of version 2
             restarted.publish(states[2], 2)  # republished in full: other payload bytes, same weights
             restarted.publish(states[3], 3)  # a delta on the full version 2
             assert follower.wait_for(3, timeout=60)

@@ -39,7 +39,7 @@ def test_store_round_trip_puts_only_manifests_on_the_log(tmp_path: Path, as_uri:
     )
     states = [perturbed(random_state(1), 0.02, seed=v) for v in range(5)]
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config)
+        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config, log=log)
         manifests = [publisher.publish(state, version) for version, state in enumerate(states)]
         assert [m.encoding for m in manifests] == ["full", "delta", "delta", "full", "delta"]
         assert log.end_offsets(TOPIC) == {0: 5, 1: 0}  # no chunk records
@@ -67,6 +67,7 @@ def test_a_damaged_stored_version_is_never_applied(tmp_path: Path, damage: str) 
             TOPIC,
             "main",
             WeightsConfig(transport="store", store=str(root), chunk_bytes=4096, full_sync_interval=3),
+            log=log,
         )
         for version in range(3):  # full 0, delta 1 (damaged), delta 2
             publisher.publish(states[version], version)

@@ -39,7 +39,7 @@ def open_weights_log(tmp_path: Path):
 def test_publish_then_follow_gets_the_newest_version_bit_exact(tmp_path: Path) -> None:
     with open_weights_log(tmp_path) as log, log.producer() as producer:
         config = WeightsConfig(transfer_dtype="fp32", encoding="full", chunk_bytes=64 * 1024)
-        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config)
+        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config, log=log)
         manifest = publisher.publish(state(1), 1)
         assert manifest.num_chunks == 4  # one 240 KB float copy (tied weights travel once) in 64 KiB chunks
         publisher.publish(state(2), 2)
@@ -58,7 +58,7 @@ def test_publish_then_follow_gets_the_newest_version_bit_exact(tmp_path: Path) -
 def test_corrupt_version_is_never_applied(tmp_path: Path) -> None:
     codec = Codec()
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        WeightPublisher(producer, codec, TOPIC, "main").publish(state(1), 1)
+        WeightPublisher(producer, codec, TOPIC, "main", log=log).publish(state(1), 1)
         payload = b"not the weights"
         bad = WeightChunk(
             "main", 2, -1, "full", "chunk", 0, 1, len(payload), hashlib.sha256(b"other").hexdigest(), data=payload
@@ -80,9 +80,9 @@ def test_manifest_only_follower_tracks_versions_without_payload(tmp_path: Path) 
     with open_weights_log(tmp_path) as log, log.producer() as producer:
         follower = WeightFollower(log, TOPIC, payload=False).start()
         try:
-            WeightPublisher(producer, Codec(), TOPIC, "main").publish(state(0), 0)
+            WeightPublisher(producer, Codec(), TOPIC, "main", log=log).publish(state(0), 0)
             assert follower.wait_for(0, timeout=30)
-            WeightPublisher(producer, Codec(), TOPIC, "main").publish(state(3), 3)
+            WeightPublisher(producer, Codec(), TOPIC, "main", log=log).publish(state(3), 3)
             assert follower.wait_for(3, timeout=30)
             assert follower.take() is None  # no state dicts in manifest-only mode
         finally:
