@@ -37,6 +37,18 @@ class RecordTooLargeError(DeliveryError):
     """A record is larger than the topic or client allows."""
 
 
+class FencedError(LogError):
+    """A newer producer with the same transactional id took over: this one can write nothing more.
+
+    Nothing of its open transaction becomes visible; close it (the newer instance carries on)."""
+
+
+class TransactionAbortedError(LogError):
+    """The log aborted a transaction: nothing it sent and none of its offsets became visible.
+
+    The producer can ``begin`` the next one; the stage re-reads its input from the committed offsets."""
+
+
 class BrokerError(AstraFlowError):
     """The local Kafka broker could not be fetched, started, or stopped."""
 

@@ -24,6 +24,13 @@ accepted versions, in order, *in place* into the tensors it handed out last (a f
 tensors view its payload, so nothing is copied). Applying a delta then costs the changed elements
 only, and the tensors are never written while the owner reads them: the owner holds them until
 its next ``take``, and copies what it keeps (``load_state_dict`` does).
+
+Failure: a record that cannot be used is skipped (above); anything else that goes wrong in the
+thread (the log failing a poll, memory, a bug) ends the thread, and from then on every owner-facing
+entry point (``latest_version``, ``newest_version``, ``take``, ``wait_for``, ``wait_caught_up``)
+raises ``WeightFollowerError`` naming the topic and the cause. The owner's loop, which reads one of
+them at every step, so fails with its component process, and the launcher restarts it with a new
+follower, instead of the owner going on with weights, or a version, frozen for ever.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from astraflow.errors import AstraFlowError, WeightsError
+from astraflow.errors import AstraFlowError, WeightFollowerError, WeightsError
 from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
@@ -95,11 +102,9 @@ class WeightFollower:
     def __init__(self, log: Log, topic: str, payload: bool, poll_timeout: float = 0.2) -> None:
         self.topic = topic
         self.payload = payload
-        self.latest_version = -1
-        """Newest version taken in (accepted, or with ``payload=False`` announced)."""
+        self._latest_version = -1
         self.latest_published_ms = 0
-        self.newest_version = -1
-        """Newest version announced by a manifest, applicable or not."""
+        self._newest_version = -1
         self.taken_published_ms = 0
         """Publish time of the version ``take`` returned last (for publish → applied latency)."""
         self.skipped_deltas = 0
@@ -112,7 +117,9 @@ class WeightFollower:
         self._manifest_tp = TopicPartition(topic, WEIGHTS_MANIFEST_PARTITION)
         self._catch_up_to = log.end_offsets(topic).get(WEIGHTS_MANIFEST_PARTITION, 0)
         self._newest_rejected = -1
-        self._caught_up = threading.Event()
+        self._caught_up = False
+        self._failure: BaseException | None = None
+        """What ended the thread, if anything did; the owner-facing entry points raise it."""
         self._chunks: dict[tuple[int, str], dict[int, bytes]] = defaultdict(dict)
         self._manifests: dict[tuple[int, str], WeightChunk] = {}
         self._tip: tuple[int, str] | None = None
@@ -131,12 +138,25 @@ class WeightFollower:
         self._thread.start()
         return self
 
+    @property
+    def latest_version(self) -> int:
+        """Newest version taken in (accepted, or with ``payload=False`` announced)."""
+        self._raise_if_failed()
+        return self._latest_version
+
+    @property
+    def newest_version(self) -> int:
+        """Newest version announced by a manifest, applicable or not."""
+        self._raise_if_failed()
+        return self._newest_version
+
     def take(self) -> tuple[int, dict] | None:
         """The newest accepted (version, state dict) not taken yet, or ``None``. Call from one thread.
 
         The tensors belong to the follower: the next ``take`` writes the next version into them.
         """
         with self._lock:
+            self._raise_if_failed()
             accepted, self._accepted = self._accepted, []
         if not accepted:
             return None
@@ -152,37 +172,60 @@ class WeightFollower:
     def wait_for(self, version: int, timeout: float) -> bool:
         """Block until a version >= ``version`` is known, or ``timeout`` seconds pass."""
         with self._lock:
-            return self._lock.wait_for(lambda: self.latest_version >= version, timeout)
+            reached = self._lock.wait_for(lambda: self._latest_version >= version or self._failure is not None, timeout)
+            self._raise_if_failed()
+            return reached
 
     def wait_caught_up(self, timeout: float) -> bool:
         """Block until every version published before this follower started has been taken in."""
-        return self._caught_up.wait(timeout)
+        with self._lock:
+            caught_up = self._lock.wait_for(lambda: self._caught_up or self._failure is not None, timeout)
+            self._raise_if_failed()
+            return caught_up
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
         self._consumer.close()
 
+    def _raise_if_failed(self) -> None:
+        failure = self._failure
+        if failure is not None:
+            raise WeightFollowerError(
+                f"the follower of weights topic {self.topic} stopped on {type(failure).__name__}: {failure}"
+            ) from failure
+
     def _run(self) -> None:
-        while not self._stop.is_set():
-            for message in self._consumer.poll(max_records=64, timeout=self._poll_timeout):
-                try:
-                    record = self._codec.decode(message.value, expect=WeightChunk)
-                except AstraFlowError as exc:
-                    logger.error(
-                        "skipping an undecodable weights record at %s:%d: %s", message.partition, message.offset, exc
-                    )
-                    continue
-                self._receive(record)
-            if not self._caught_up.is_set() and self._consumer.position(self._manifest_tp) >= self._catch_up_to:
-                if max(self.latest_version, self._newest_rejected) >= self.newest_version:
-                    self._caught_up.set()
+        try:
+            while not self._stop.is_set():
+                for message in self._consumer.poll(max_records=64, timeout=self._poll_timeout):
+                    try:
+                        record = self._codec.decode(message.value, expect=WeightChunk)
+                    except AstraFlowError as exc:
+                        logger.error(
+                            "skipping an undecodable weights record at %s:%d: %s",
+                            message.partition,
+                            message.offset,
+                            exc,
+                        )
+                        continue
+                    self._receive(record)
+                if not self._caught_up and self._consumer.position(self._manifest_tp) >= self._catch_up_to:
+                    if max(self._latest_version, self._newest_rejected) >= self._newest_version:
+                        with self._lock:
+                            self._caught_up = True
+                            self._lock.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - whatever ends the thread must reach the owner, not vanish with it
+            logger.error("the follower of weights topic %s stopped", self.topic, exc_info=exc)
+            with self._lock:
+                self._failure = exc
+                self._lock.notify_all()
 
     def _receive(self, record: WeightChunk) -> None:
         if record.kind == "manifest":
-            self.newest_version = max(self.newest_version, record.version)
+            self._newest_version = max(self._newest_version, record.version)
         if not self.payload:
-            if record.kind == "manifest" and record.version > self.latest_version:
+            if record.kind == "manifest" and record.version > self._latest_version:
                 self._set_latest(record.version, record.created_ms, None)
             return
         key = (record.version, record.sha256)  # a restarted trainer republishes versions, with other bytes
@@ -236,7 +279,7 @@ class WeightFollower:
 
     def _set_latest(self, version: int, published_ms: int, accepted: _Accepted | None) -> None:
         with self._lock:
-            self.latest_version = max(self.latest_version, version)
+            self._latest_version = max(self._latest_version, version)
             self.latest_published_ms = published_ms
             if accepted is not None:
                 self._accepted = [accepted] if accepted.full else [*self._accepted, accepted]
