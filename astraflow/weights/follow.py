@@ -25,12 +25,18 @@ tensors view its payload, so nothing is copied). Applying a delta then costs the
 only, and the tensors are never written while the owner reads them: the owner holds them until
 its next ``take``, and copies what it keeps (``load_state_dict`` does).
 
+Where it starts: at the newest full version on the topic, or with ``payload=False`` at the newest
+manifest (``start.py``). The versions before it are superseded: none of their chunks is read.
+
 Failure: a record that cannot be used is skipped (above); anything else that goes wrong in the
 thread (the log failing a poll, memory, a bug) ends the thread, and from then on every owner-facing
 entry point (``latest_version``, ``newest_version``, ``take``, ``wait_for``, ``wait_caught_up``)
 raises ``WeightFollowerError`` naming the topic and the cause. The owner's loop, which reads one of
 them at every step, so fails with its component process, and the launcher restarts it with a new
 follower, instead of the owner going on with weights, or a version, frozen for ever.
+
+Old records: the codec finds writer schemas through the log's schema topic, so the records an older
+AstraFlow wrote (without ``chunk_offset``, say) are still read.
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from astraflow.errors import AstraFlowError, WeightFollowerError, WeightsError
+from astraflow.errors import WeightFollowerError, WeightsError
 from astraflow.log import Log, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
+from astraflow.schemas.store import LogSchemaStore
+from astraflow.topics import WEIGHTS_MANIFEST_PARTITION
+from astraflow.weights.start import decode_or_skip, seek_start
 from astraflow.weights.store import read_stored
 
 logger = logging.getLogger(__name__)
@@ -109,11 +117,9 @@ class WeightFollower:
         """Publish time of the version ``take`` returned last (for publish → applied latency)."""
         self.skipped_deltas = 0
         self.corrupt_versions = 0
-        self._codec = Codec()
+        self._schemas = LogSchemaStore(log)
+        self._codec = Codec(self._schemas)
         self._consumer = log.consumer(group_id=None)
-        partitions = [WEIGHTS_MANIFEST_PARTITION] + ([WEIGHTS_CHUNK_PARTITION] if payload else [])
-        self._consumer.assign([TopicPartition(topic, p) for p in partitions])
-        self._consumer.seek_to_beginning()
         self._manifest_tp = TopicPartition(topic, WEIGHTS_MANIFEST_PARTITION)
         self._catch_up_to = log.end_offsets(topic).get(WEIGHTS_MANIFEST_PARTITION, 0)
         self._newest_rejected = -1
@@ -177,7 +183,8 @@ class WeightFollower:
             return reached
 
     def wait_caught_up(self, timeout: float) -> bool:
-        """Block until every version published before this follower started has been taken in."""
+        """Block until every version published before this follower started has been taken in (or
+        rejected), or ``timeout`` seconds pass. Versions before the one it started at are superseded."""
         with self._lock:
             caught_up = self._lock.wait_for(lambda: self._caught_up or self._failure is not None, timeout)
             self._raise_if_failed()
@@ -187,6 +194,7 @@ class WeightFollower:
         self._stop.set()
         self._thread.join(timeout=10)
         self._consumer.close()
+        self._schemas.close()
 
     def _raise_if_failed(self) -> None:
         failure = self._failure
@@ -197,19 +205,14 @@ class WeightFollower:
 
     def _run(self) -> None:
         try:
+            seek_start(
+                self._consumer, self.topic, self.payload, self._catch_up_to, self._codec, self._poll_timeout, self._stop
+            )
             while not self._stop.is_set():
                 for message in self._consumer.poll(max_records=64, timeout=self._poll_timeout):
-                    try:
-                        record = self._codec.decode(message.value, expect=WeightChunk)
-                    except AstraFlowError as exc:
-                        logger.error(
-                            "skipping an undecodable weights record at %s:%d: %s",
-                            message.partition,
-                            message.offset,
-                            exc,
-                        )
-                        continue
-                    self._receive(record)
+                    record = decode_or_skip(self._codec, message)
+                    if record is not None:
+                        self._receive(record)
                 if not self._caught_up and self._consumer.position(self._manifest_tp) >= self._catch_up_to:
                     if max(self._latest_version, self._newest_rejected) >= self._newest_version:
                         with self._lock:

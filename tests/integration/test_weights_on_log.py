@@ -17,6 +17,7 @@ from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import to_transfer
 from astraflow.weights.publish import WeightPublisher
 from tests.unit.test_weight_delta import assert_bit_exact, perturbed, random_state
+from tests.unit.watched_log import WatchedLog
 
 
 def retained(log: Log, topic: str, partition: int) -> list[WeightChunk]:
@@ -70,6 +71,28 @@ def test_retention_keeps_the_last_versions_and_the_full_one_they_need(
         late.close()
     assert version == 7 and late.skipped_deltas == late.corrupt_versions == 0
     assert_bit_exact(received, to_transfer(states[7], "bf16"))
+
+
+def test_a_late_follower_reads_no_chunk_before_the_newest_full_version(log: Log, unique: str) -> None:
+    topics = RunTopics(f"late{unique}", "math", ("main",))
+    topics.ensure(log, partitions=1)
+    topic = topics.weights("main")
+    config = WeightsConfig(full_sync_interval=5, keep_versions=None, chunk_bytes=4096)
+    with log.producer() as producer:
+        publisher = WeightPublisher(producer, Codec(), topic, "main", config, log=log)
+        for version in range(12):  # full 0, 5 and 10
+            publisher.publish(perturbed(random_state(1), 0.02, seed=version), version)
+        watched = WatchedLog(log)
+        late = WeightFollower(watched, topic, payload=True).start()
+        try:
+            assert late.wait_caught_up(timeout=60)
+            version, received = late.take()
+        finally:
+            late.close()
+        assert version == 11 and late.skipped_deltas == late.corrupt_versions == 0
+        assert_bit_exact(received, publisher.published.state)
+    chunks = [m for m in watched.read if m.topic == topic and m.partition == WEIGHTS_CHUNK_PARTITION]
+    assert {Codec().decode(m.value, expect=WeightChunk).version for m in chunks} == {10, 11}
 
 
 def test_chunks_above_the_brokers_default_record_size(log: Log, unique: str) -> None:

@@ -58,7 +58,8 @@ def test_publish_then_follow_gets_the_newest_version_bit_exact(tmp_path: Path) -
 def test_corrupt_version_is_never_applied(tmp_path: Path) -> None:
     codec = Codec()
     with open_weights_log(tmp_path) as log, log.producer() as producer:
-        WeightPublisher(producer, codec, TOPIC, "main", log=log).publish(state(1), 1)
+        publisher = WeightPublisher(producer, codec, TOPIC, "main", log=log)
+        publisher.publish(state(1), 1)
         payload = b"not the weights"
         bad = WeightChunk(
             "main", 2, -1, "full", "chunk", 0, 1, len(payload), hashlib.sha256(b"other").hexdigest(), data=payload
@@ -67,13 +68,17 @@ def test_corrupt_version_is_never_applied(tmp_path: Path) -> None:
         manifest = WeightChunk("main", 2, -1, "full", "manifest", -1, 1, len(payload), bad.sha256)
         producer.send(TOPIC, codec.encode(manifest), partition=WEIGHTS_MANIFEST_PARTITION)
         producer.flush()
-        follower = WeightFollower(log, TOPIC, payload=True).start()
+        follower = WeightFollower(log, TOPIC, payload=True).start()  # starts at the newest full version: 2
         try:
             assert follower.wait_caught_up(timeout=30)
-            version, _ = follower.take()
-            assert version == 1 and follower.latest_version == 1
+            assert follower.take() is None and follower.latest_version == -1 and follower.corrupt_versions == 1
+            publisher.publish(state(3), 3, full=True)
+            assert follower.wait_for(3, timeout=30)
+            version, received = follower.take()
         finally:
             follower.close()
+        assert version == 3
+        assert all(torch.equal(received[name], tensor) for name, tensor in publisher.published.state.items())
 
 
 def test_manifest_only_follower_tracks_versions_without_payload(tmp_path: Path) -> None:
