@@ -61,7 +61,7 @@ import faust
 from faust.types import TP
 
 from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
+from astraflow.errors import ConfigError, WeightFollowerError
 from astraflow.log import Message
 from astraflow.metric_names import STREAM_FAUST_SKIPPED_RECORDS
 from astraflow.streams.faust_consumer import (
@@ -224,8 +224,9 @@ class FaustStreamProcessor(GroupProcessor):
                 try:
                     await self._on_event(app, event, max(follower.latest_version, 0))
                 except Exception as exc:  # the lock stays taken: nothing of this record is committed
+                    cause = "the weight follower failed" if isinstance(exc, WeightFollowerError) else "handling failed"
                     logger.exception(
-                        "handling %s@%s failed; stopping the worker", event.message.partition, event.message.offset
+                        "%s at record %s@%s; stopping the worker", cause, event.message.partition, event.message.offset
                     )
                     self.failure = exc
                     stop.set()

@@ -102,6 +102,7 @@ class NativeStreamProcessor(GroupProcessor):
 
         try:
             while not stop.is_set():
+                version = max(follower.latest_version, 0)  # raises at once if the follower died
                 messages = consumer.poll(max_records=512, timeout=0.5)
                 if pending and (not messages or time.monotonic() - pending[0][2] > MAX_COMMIT_DELAY_S):
                     ctx.producer.flush()
@@ -111,7 +112,6 @@ class NativeStreamProcessor(GroupProcessor):
                 if not messages:
                     continue
                 read_at = time.monotonic()
-                version = max(follower.latest_version, 0)
                 accepted = []
                 for message in messages:
                     group = self._add(message)

@@ -39,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from astraflow.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
-from astraflow.errors import AstraFlowError
+from astraflow.errors import AstraFlowError, WeightFollowerError
 from astraflow.log import Message
 from astraflow.metric_names import (
     STREAM_ACCEPTED_GROUPS,
@@ -123,6 +123,8 @@ class GroupProcessor:
             return Arrival(group_id, f"{message.partition}@{message.offset}", 0)
         try:
             problem = self._problem(message, trajectory)
+        except WeightFollowerError:  # not this record's fault: the processor ends, its restart reads it again
+            raise
         except Exception as exc:  # a check that raises rejects this record, never the processor
             self._dead_letter(message, f"invalid trajectory {trajectory.trajectory_id}: {error_reason(exc)}", exc)
             return Arrival(trajectory.group_id, trajectory.trajectory_id, self._size(trajectory))
