@@ -64,6 +64,11 @@ class EmbeddedConsumer(Consumer):
         self._turn = 0
         self._closed = False
 
+    @property
+    def group_id(self) -> str | None:
+        """The consumer group; ``None`` for a consumer that can only ``assign``."""
+        return self._group_id
+
     def subscribe(self, topics: Sequence[str]) -> None:
         group_id = self._require_group("subscribe")
         if self._member is None:
@@ -97,22 +102,24 @@ class EmbeddedConsumer(Consumer):
             offsets = {tp: self._positions[tp] for tp in self._assigned if tp in self._positions}
         if not offsets:
             return
-        member = self._member
-
-        def write(conn: sqlite3.Connection) -> list[TopicPartition]:
-            owned = None if member is None else member.owned(conn)
-            rejected = [] if owned is None else [tp for tp in offsets if tp not in owned]
-            accepted = {(tp.topic, tp.partition): offset for tp, offset in offsets.items() if tp not in rejected}
-            store.write_committed(conn, group_id, accepted)
-            return rejected
-
-        rejected = self._store.write(write)
+        rejected = self._store.write(lambda conn: self.commit_in(conn, offsets))
         if rejected:
             names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in rejected)
             raise LogError(
                 f"group {group_id!r}: commit of {names} rejected because they now belong to another"
                 " member, who will read their records again; the other partitions were committed"
             )
+
+    def commit_in(self, conn: sqlite3.Connection, offsets: dict[TopicPartition, int]) -> list[TopicPartition]:
+        """Step 2 of ``commit`` in the caller's write transaction (the transactional producer
+        commits offsets through it too): write the offsets of the partitions this member owns,
+        return the others."""
+        group_id = self._require_group("commit")
+        owned = None if self._member is None else self._member.owned(conn)
+        rejected = [] if owned is None else [tp for tp in offsets if tp not in owned]
+        accepted = {(tp.topic, tp.partition): offset for tp, offset in offsets.items() if tp not in rejected}
+        store.write_committed(conn, group_id, accepted)
+        return rejected
 
     def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         group_id = self._require_group("committed")

@@ -19,7 +19,8 @@ Keys pick partitions by CRC-32 of the key bytes (librdkafka's ``consistent`` par
 the choice is stable across processes; records without a key go round robin. In the appending
 transaction, compacted topics drop the records that a new one with the same key supersedes, and
 topics with ``retention_ms`` drop expired records (per producer and topic, at most every
-``RETENTION_CHECK_S``).
+``RETENTION_CHECK_S``). ``Appender`` does this appending for the transactional producer
+(``embedded_transactions``) too.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ LINGER_S = 0.1
 RETENTION_CHECK_S = 5.0
 
 
-class _Pending(NamedTuple):
+class Pending(NamedTuple):
     """A queued record (a tuple, because a producer makes hundreds of thousands a second)."""
 
     topic: str
@@ -55,9 +56,23 @@ class _Pending(NamedTuple):
     size: int
     """Bytes counted against ``max_message_bytes``: value, key and packed headers."""
 
+    @classmethod
+    def of(
+        cls,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+        partition: int | None,
+        timestamp_ms: int | None,
+    ) -> Pending:
+        packed = store.pack_headers(headers)
+        timestamp = store.now_ms() if timestamp_ms is None else timestamp_ms
+        return cls(topic, value, key, packed, partition, timestamp, len(value) + len(key or b"") + len(packed or b""))
+
 
 @dataclass(frozen=True)
-class _Failure:
+class Failure:
     reason: str
     too_large: bool = False
     missing_topic: str | None = None
@@ -70,11 +85,10 @@ class EmbeddedProducer(Producer):
         self._store = store.Store(path)
         self._queue_lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._queue: list[_Pending] = []
+        self._queue: list[Pending] = []
         self._queued_bytes = 0
         self._oldest = 0.0
-        self._round_robin: dict[str, int] = {}
-        self._retention_checked: dict[str, float] = {}
+        self._appender = Appender()
         self._closed = False
 
     def send(
@@ -88,16 +102,7 @@ class EmbeddedProducer(Producer):
     ) -> None:
         if self._closed:
             raise LogError("send on a closed producer")
-        packed = store.pack_headers(headers)
-        record = _Pending(
-            topic,
-            value,
-            key,
-            packed,
-            partition,
-            store.now_ms() if timestamp_ms is None else timestamp_ms,
-            len(value) + len(key or b"") + len(packed or b""),
-        )
+        record = Pending.of(topic, value, key, headers, partition, timestamp_ms)
         with self._queue_lock:
             if not self._queue:
                 self._oldest = time.monotonic()
@@ -118,11 +123,11 @@ class EmbeddedProducer(Producer):
             if not batch:
                 return
             try:
-                failures = self._store.write(lambda conn: self._append(conn, batch), timeout, nbytes)
+                failures = self._store.write(lambda conn: self._appender.append(conn, batch), timeout, nbytes)
             except LogError as exc:
                 raise DeliveryError(f"{len(batch)} records not written to {self._store.path}: {exc}") from exc
         if failures:
-            error, cause = _delivery_error(failures, len(batch))
+            error, cause = delivery_error(failures, len(batch))
             raise error from cause
 
     def close(self) -> None:
@@ -134,7 +139,20 @@ class EmbeddedProducer(Producer):
         finally:
             self._store.close()
 
-    def _append(self, conn: sqlite3.Connection, batch: list[_Pending]) -> list[_Failure]:
+
+class Appender:
+    """Appends batches of records inside a write transaction (steps 2 and 3 of the module docstring).
+
+    Keeps what must outlive one batch: the round-robin turn of each topic and when its retention
+    last ran. ``append`` may run again on a busy retry; the turns it took stay taken.
+    """
+
+    def __init__(self) -> None:
+        self._round_robin: dict[str, int] = {}
+        self._retention_checked: dict[str, float] = {}
+
+    def append(self, conn: sqlite3.Connection, batch: list[Pending]) -> list[Failure]:
+        """Write every record of ``batch`` that fits; return the failures of the others."""
         now = store.now_ms()
         topics = {
             name: row
@@ -150,12 +168,12 @@ class EmbeddedProducer(Producer):
         rows, failures = [], []
         for record in batch:
             if record.topic not in topics:
-                failures.append(_Failure(f"topic {record.topic!r} does not exist", missing_topic=record.topic))
+                failures.append(Failure(f"topic {record.topic!r} does not exist", missing_topic=record.topic))
                 continue
             tid, partitions, max_bytes, _, _ = topics[record.topic]
             if record.size > max_bytes:
                 failures.append(
-                    _Failure(
+                    Failure(
                         f"record of {record.size:,} bytes exceeds max_message_bytes {max_bytes:,}"
                         f" of topic {record.topic!r}",
                         too_large=True,
@@ -164,7 +182,7 @@ class EmbeddedProducer(Producer):
                 continue
             partition = self._partition_for(record, partitions)
             if not 0 <= partition < partitions:
-                failures.append(_Failure(f"topic {record.topic!r} has no partition {partition}"))
+                failures.append(Failure(f"topic {record.topic!r} has no partition {partition}"))
                 continue
             if (tid, partition) not in ends:
                 ends[tid, partition] = conn.execute(
@@ -188,7 +206,7 @@ class EmbeddedProducer(Producer):
                 store.apply_retention(conn, name, partitions, retention_ms, now)
         return failures
 
-    def _partition_for(self, record: _Pending, partitions: int) -> int:
+    def _partition_for(self, record: Pending, partitions: int) -> int:
         if record.partition is not None:
             return record.partition
         if record.key is not None:
@@ -198,7 +216,7 @@ class EmbeddedProducer(Producer):
         return turn % partitions
 
 
-def _delivery_error(failures: list[_Failure], total: int) -> tuple[DeliveryError, TopicNotFoundError | None]:
+def delivery_error(failures: list[Failure], total: int) -> tuple[DeliveryError, TopicNotFoundError | None]:
     """The error ``flush`` raises for these failures, and its cause when a topic was missing."""
     reasons = list(dict.fromkeys(failure.reason for failure in failures))
     shown = "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")

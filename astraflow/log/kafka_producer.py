@@ -23,7 +23,7 @@ import logging
 import time
 from collections import Counter
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as RdProducer
@@ -63,28 +63,11 @@ class KafkaProducer(Producer):
         if self._closed:
             raise LogError("send on a closed producer")
         sequence = self._sent  # counted once the record is queued or failed; a send that raises is not
-        kwargs: dict[str, Any] = {
-            "key": key,
-            "on_delivery": partial(self._on_delivery, sequence),
-            "timestamp": timestamp_ms or 0,
-        }
-        if headers:
-            kwargs["headers"] = list(headers)
-        if partition is not None:
-            kwargs["partition"] = partition
-        deadline = time.monotonic() + _QUEUE_FULL_WAIT_S
-        while True:
-            try:
-                self._producer.produce(topic, value, **kwargs)
-                break
-            except BufferError as exc:
-                if time.monotonic() > deadline:
-                    raise DeliveryError(f"the producer queue stayed full for {_QUEUE_FULL_WAIT_S:.0f}s") from exc
-                self._producer.poll(0.1)
-            except KafkaException as exc:
-                self._failures.append((topic, "?" if partition is None else str(partition), exc.args[0]))
-                self._done(sequence)
-                break
+        on_delivery = partial(self._on_delivery, sequence)
+        error = produce(self._producer, topic, value, key, headers, partition, timestamp_ms, on_delivery)
+        if error is not None:
+            self._failures.append((topic, "?" if partition is None else str(partition), error))
+            self._done(sequence)
         self._sent += 1
         self._producer.poll(0)
 
@@ -97,11 +80,7 @@ class KafkaProducer(Producer):
     def _raise_failures(self) -> None:
         failures, self._failures = self._failures, []
         if failures:
-            counts = Counter((topic, part, err.str()) for topic, part, err in failures)
-            detail = "; ".join(f"{topic}[{part}]: {text} (x{n})" for (topic, part, text), n in counts.items())
-            too_large = any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for _, _, err in failures)
-            error = RecordTooLargeError if too_large else DeliveryError
-            raise error(f"{len(failures)} record(s) not delivered: {detail}")
+            raise delivery_error(failures)
 
     def mark(self) -> int:
         return self._sent
@@ -135,3 +114,45 @@ class KafkaProducer(Producer):
         while self._done_below in self._done_ahead:
             self._done_ahead.remove(self._done_below)
             self._done_below += 1
+
+
+def produce(
+    client: RdProducer,
+    topic: str,
+    value: bytes,
+    key: bytes | None,
+    headers: Sequence[tuple[str, bytes]],
+    partition: int | None,
+    timestamp_ms: int | None,
+    on_delivery: Callable[[KafkaError | None, Any], None],
+) -> KafkaError | None:
+    """Hand one record to librdkafka, waiting up to ``_QUEUE_FULL_WAIT_S`` while its queue is full.
+
+    Returns the error of a record the client rejects at once (too large for ``message.max.bytes``),
+    ``None`` once the record is queued; its delivery report goes to ``on_delivery``."""
+    kwargs: dict[str, Any] = {"key": key, "on_delivery": on_delivery, "timestamp": timestamp_ms or 0}
+    if headers:
+        kwargs["headers"] = list(headers)
+    if partition is not None:
+        kwargs["partition"] = partition
+    deadline = time.monotonic() + _QUEUE_FULL_WAIT_S
+    while True:
+        try:
+            client.produce(topic, value, **kwargs)
+            return None
+        except BufferError as exc:
+            if time.monotonic() > deadline:
+                raise DeliveryError(f"the producer queue stayed full for {_QUEUE_FULL_WAIT_S:.0f}s") from exc
+            client.poll(0.1)
+        except KafkaException as exc:
+            return exc.args[0]
+
+
+def delivery_error(failures: list[tuple[str, str, KafkaError]], prefix: str = "") -> DeliveryError:
+    """The error for records that failed, (topic, partition or "?", error) each: ``RecordTooLargeError``
+    when one was too large, ``DeliveryError`` otherwise."""
+    counts = Counter((topic, part, err.str()) for topic, part, err in failures)
+    detail = "; ".join(f"{topic}[{part}]: {text} (x{n})" for (topic, part, text), n in counts.items())
+    too_large = any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for _, _, err in failures)
+    error = RecordTooLargeError if too_large else DeliveryError
+    return error(f"{prefix}{len(failures)} record(s) not delivered: {detail}")
