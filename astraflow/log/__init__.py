@@ -4,9 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from astraflow.log.base import Consumer, Log, Message, Producer, TopicPartition, TopicSpec
+from astraflow.log.base import (
+    Consumer,
+    Log,
+    Message,
+    Producer,
+    TopicPartition,
+    TopicSpec,
+    TransactionalProducer,
+)
 
-__all__ = ["Consumer", "Log", "Message", "Producer", "TopicPartition", "TopicSpec", "open_log"]
+__all__ = [
+    "Consumer",
+    "Log",
+    "Message",
+    "Producer",
+    "TopicPartition",
+    "TopicSpec",
+    "TransactionalProducer",
+    "open_log",
+]
 
 
 def open_log(backend: str, *, path: str | Path | None = None, bootstrap: str | None = None) -> Log:

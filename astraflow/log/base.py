@@ -16,6 +16,9 @@ Delivery contract shared by both backends:
 4. ``Consumer.commit`` stores, per partition, the offset of the *next* record to read. Records
    read but not committed are read again after a crash: delivery is at-least-once, and the
    components drop duplicates by deterministic record ids.
+
+A ``TransactionalProducer`` adds exactly-once hops on top: a stage writes its outputs and the
+offsets of the input they came from in one transaction (its own numbered guarantees below).
 """
 
 from __future__ import annotations
@@ -163,6 +166,86 @@ class Consumer(ABC):
         self.close()
 
 
+class TransactionalProducer(ABC):
+    """Writes records and a consumer group's offsets in transactions: all of one become visible, or none.
+
+    Made by ``Log.transactional_producer(transactional_id)``, one transaction at a time: ``begin``,
+    any number of ``send`` and ``send_offsets``, then ``commit`` or ``abort``. Guaranteed on both
+    backends:
+
+    1. Nothing sent in a transaction is readable, and none of its offsets is committed, before
+       ``commit`` returns; then all of them are, together. Readers never see records of an aborted
+       or unfinished transaction (Kafka consumers read ``read_committed``; the embedded log holds
+       the transaction in memory and writes it only at ``commit``).
+    2. ``abort``, ``close`` with a transaction open, and the crash of the process leave nothing of
+       the open transaction visible.
+    3. Creating a producer fences every older producer with the same transactional id: the older
+       one's open transaction can never commit, and from the moment it learns of the newer one
+       (``commit`` at the latest, ``begin`` on the embedded log) every call of it but ``close``
+       raises ``FencedError``. Of two instances of a stage, only the newest writes.
+    4. ``send_offsets(consumer, offsets)`` commits next-offsets for ``consumer``'s group, as
+       ``Consumer.commit`` does, but with the transaction. A group member's offsets count only for
+       partitions it still owns (Kafka checks the group generation, the embedded log the leases in
+       the committing SQLite transaction); otherwise the transaction is aborted.
+    5. ``commit`` makes everything visible, or raises and makes nothing visible: ``FencedError``
+       (this producer is finished: close it); ``DeliveryError`` / ``RecordTooLargeError`` (a record
+       could not be written) or ``TransactionAbortedError`` (the log aborted it, e.g. the consumer
+       lost partitions whose offsets were sent), after which ``begin`` starts the next one. Any
+       other ``LogError`` (the log did not answer in time) leaves the outcome unknown: close the
+       producer; a new one with the same id settles the transaction, and the group's committed
+       offsets tell which way.
+
+    On Kafka, records of a transaction take offsets whether it commits or not, and each commit or
+    abort writes a marker that takes one more, so a transactional topic's offsets have gaps. An
+    open transaction holds ``read_committed`` readers of its partitions back until it ends: a
+    crashed producer's transaction ends when a new producer with its id starts, or after
+    ``transaction.timeout.ms`` (60 s). Likewise, while a transaction holds offsets for a group,
+    Kafka tells that group's committed offsets (``Consumer.committed``, and where a new member
+    starts) only once it ends, where the embedded log tells those from before it: ask before
+    ``begin``, not in between.
+    """
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Start a transaction; ``LogError`` if one is already open."""
+
+    @abstractmethod
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        """Add one record to the open transaction, partitioned as ``Producer.send`` does."""
+
+    @abstractmethod
+    def send_offsets(self, consumer: Consumer, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` (the next record to read, per partition) for ``consumer``'s group
+        with the open transaction. ``consumer`` comes from the same log and has a ``group_id``;
+        a later call for the same partition replaces the offset."""
+
+    @abstractmethod
+    def commit(self, timeout: float = 30.0) -> None:
+        """Make the open transaction's records and offsets visible together (step 5 for failures)."""
+
+    @abstractmethod
+    def abort(self, timeout: float = 30.0) -> None:
+        """Drop the open transaction: nothing of it becomes visible."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Abort the open transaction, if any, and release resources."""
+
+    def __enter__(self) -> "TransactionalProducer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Log(ABC):
     """Admin operations plus factories for producers and consumers of one log."""
 
@@ -204,6 +287,14 @@ class Log(ABC):
     @abstractmethod
     def producer(self) -> Producer:
         """A new producer (idempotent where the backend allows)."""
+
+    @abstractmethod
+    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
+        """A producer of transactions that fences every older one with the same ``transactional_id``.
+
+        Name the id after what the stage writes for, e.g. ``{run}.train.{policy}``, so that a
+        restarted stage gets the same one; it may wait for an older instance's transaction to end.
+        """
 
     @abstractmethod
     def consumer(

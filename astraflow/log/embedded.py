@@ -2,9 +2,10 @@
 
 No server: a run directory holds ``log.sqlite`` and any process that opens it is a client.
 ``EmbeddedLog`` is the admin side and hands out the clients; ``embedded_store`` owns the file
-(schema, transactions, retries), ``embedded_producer`` writes, ``embedded_consumer`` reads and
-``embedded_groups`` keeps the consumer-group leases. Each module's docstring states its
-guarantees. Retention runs when the log is opened and when producers append.
+(schema, transactions, retries), ``embedded_producer`` writes, ``embedded_transactions`` writes
+records and offsets together, ``embedded_consumer`` reads and ``embedded_groups`` keeps the
+consumer-group leases. Each module's docstring states its guarantees. Retention runs when the log
+is opened and when producers append.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 
 from astraflow.errors import LogError, TopicNotFoundError
 from astraflow.log import embedded_store as store
-from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec
+from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec, TransactionalProducer
 from astraflow.log.embedded_consumer import EmbeddedConsumer
 from astraflow.log.embedded_producer import EmbeddedProducer
+from astraflow.log.embedded_transactions import EmbeddedTransactionalProducer
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """Kafka's rule for topic names, so a run can move between the backends unchanged."""
@@ -118,6 +120,9 @@ class EmbeddedLog(Log):
 
     def producer(self) -> Producer:
         return EmbeddedProducer(self.path)
+
+    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
+        return EmbeddedTransactionalProducer(self.path, transactional_id)
 
     def consumer(
         self,

@@ -93,6 +93,10 @@ CREATE TABLE IF NOT EXISTS committed_offsets (
     next_offset INTEGER NOT NULL,
     PRIMARY KEY (group_id, topic, partition)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS producer_epochs (
+    transactional_id TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL  -- bumped by each new producer with the id: only the newest commits
+) WITHOUT ROWID;
 """
 
 

@@ -1,7 +1,8 @@
 """The ``kafka`` log backend: Apache Kafka through confluent-kafka (librdkafka).
 
-``KafkaLog`` does the admin operations with an ``AdminClient`` and hands out the producers and
-consumers of ``kafka_producer`` and ``kafka_consumer``, all configured here:
+``KafkaLog`` does the admin operations with an ``AdminClient`` and hands out the producers,
+transactional producers and consumers of ``kafka_producer``, ``kafka_transactions`` and
+``kafka_consumer``, all configured here:
 
 - records up to 64 MiB pass the clients (the topic's ``max.message.bytes`` decides what the
   broker accepts), uncompressed so that a topic's size limit means the same for every record;
@@ -11,7 +12,12 @@ consumers of ``kafka_producer`` and ``kafka_consumer``, all configured here:
   an offset asked for right after it is accepted;
 - consumers heart-beat at least every second: in the classic group protocol a member learns of
   a rebalance (another member left or joined) only from a heartbeat response, so the interval,
-  not the session timeout, bounds how fast partitions move to the remaining members.
+  not the session timeout, bounds how fast partitions move to the remaining members;
+- consumers read ``read_committed`` (librdkafka's default, written out because exactly-once hops
+  rest on it): records of aborted and of still open transactions are never returned;
+- transactional producers (``kafka_transactions``) take the producers' settings plus their
+  ``transactional.id``; librdkafka's ``transaction.timeout.ms`` (60 s) is how long the broker
+  keeps an abandoned transaction open before aborting it.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from astraflow.errors import LogError, TopicNotFoundError
-from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec
+from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec, TransactionalProducer
 from astraflow.log.kafka_consumer import KafkaConsumer
 from astraflow.log.kafka_producer import KafkaProducer
+from astraflow.log.kafka_transactions import KafkaTransactionalProducer
 
 logger = logging.getLogger(__name__)
 
@@ -178,18 +185,10 @@ class KafkaLog(Log):
         return groups
 
     def producer(self) -> Producer:
-        return KafkaProducer(
-            {
-                **self._base,
-                "acks": "all",
-                "enable.idempotence": True,
-                "compression.type": "none",
-                "partitioner": "murmur2_random",
-                "message.max.bytes": MAX_CLIENT_RECORD_BYTES,
-                "allow.auto.create.topics": False,
-                "topic.metadata.propagation.max.ms": 3000,
-            }
-        )
+        return KafkaProducer(self._producer_config())
+
+    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
+        return KafkaTransactionalProducer(self._producer_config(), transactional_id, _TIMEOUT_S)
 
     def consumer(
         self,
@@ -202,6 +201,7 @@ class KafkaLog(Log):
             **self._base,
             "group.id": group_id or f"astraflow-assign-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
+            "isolation.level": "read_committed",
             "auto.offset.reset": auto_offset_reset,
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": max(100, min(1000, session_ms // 3)),
@@ -214,6 +214,18 @@ class KafkaLog(Log):
 
     def close(self) -> None:
         """Nothing to release: the admin client holds no state worth flushing."""
+
+    def _producer_config(self) -> dict[str, Any]:
+        return {
+            **self._base,
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": "none",
+            "partitioner": "murmur2_random",
+            "message.max.bytes": MAX_CLIENT_RECORD_BYTES,
+            "allow.auto.create.topics": False,
+            "topic.metadata.propagation.max.ms": 3000,
+        }
 
     def _metadata(self, name: str) -> Any:
         """The topic's metadata; ``TopicNotFoundError`` when the cluster does not know it."""

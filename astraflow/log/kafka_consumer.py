@@ -58,6 +58,13 @@ class KafkaConsumer(Consumer):
         self._pending_all: Resolver | None = None
         self._closed = False
 
+    def group_metadata(self) -> object:
+        """The group's metadata (group, generation, member id) for ``send_offsets`` of a transactional
+        producer, as this consumer sees it now: it is not to be kept, a rebalance changes it."""
+        if not self._has_group or self._closed:
+            raise LogError("send_offsets needs an open consumer with a group_id")
+        return self._consumer.consumer_group_metadata()
+
     def subscribe(self, topics: Sequence[str]) -> None:
         if not self._has_group:
             raise LogError("subscribe needs a consumer group: open the consumer with group_id")
