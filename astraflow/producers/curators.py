@@ -1,9 +1,12 @@
 """Curators: which prompts the task feeder submits (selective rollout), learned from PromptStats.
 
 The stream processor writes one PromptStats per group, accepted or dropped, to the feedback
-topic; the feeder passes each to ``observe`` and asks ``admit`` before submitting a prompt. A
-curator's state is a function of the feedback it observed, so a restarted feeder rebuilds it by
-reading the topic from the start (its random draws differ).
+topic; the feeder passes each to ``observe`` and asks ``admit(prompt_id, n)`` before submitting
+the run's n-th candidate. A curator's state is a function of the feedback it observed, in order,
+and a decision a function of that state and (prompt, n) only - GRESO's draw included, which comes
+from a hash of (seed, prompt, n), not from a generator whose position a restart would lose. So a
+restarted feeder that reads the topic from the start decides every candidate as the crashed one
+would have (``feeder.py``).
 
 - ``accept_all``: every prompt.
 - ``filter_solved``: an EWMA of each prompt's pass rate; a prompt above ``threshold`` is never
@@ -19,7 +22,7 @@ reading the topic from the start (its random draws differ).
 
 from __future__ import annotations
 
-import random
+import hashlib
 from typing import Protocol
 
 from astraflow.config import AcceptAllCurator, CuratorSpec, FilterSolvedCurator, GresoCurator
@@ -34,8 +37,8 @@ class Curator(Protocol):
     def observe(self, stats: PromptStats) -> None:
         """Learn from the outcome of one group."""
 
-    def admit(self, prompt_id: str) -> bool:
-        """Whether to submit ``prompt_id`` now."""
+    def admit(self, prompt_id: str, candidate: int) -> bool:
+        """Whether to submit ``prompt_id`` as the run's candidate number ``candidate``."""
 
 
 class AcceptAll:
@@ -44,7 +47,7 @@ class AcceptAll:
     def observe(self, stats: PromptStats) -> None:
         return None
 
-    def admit(self, prompt_id: str) -> bool:
+    def admit(self, prompt_id: str, candidate: int) -> bool:
         return True
 
 
@@ -66,7 +69,7 @@ class FilterSolved:
         self.pass_rate[stats.prompt_id] = new
         self.groups[stats.prompt_id] = self.groups.get(stats.prompt_id, 0) + 1
 
-    def admit(self, prompt_id: str) -> bool:
+    def admit(self, prompt_id: str, candidate: int) -> bool:
         solved = self.pass_rate.get(prompt_id, 0.0) > self.threshold
         return not (solved and self.groups.get(prompt_id, 0) >= self.min_groups)
 
@@ -93,7 +96,7 @@ class Greso:
         self.step, self.p_min, self.p_max, self.adapt_every = step, p_min, p_max, adapt_every
         self.streaks: dict[str, tuple[str, int]] = {}  # prompt → (easy | hard, consecutive zero-variance groups)
         self._window = {"groups": 0, "easy": 0, "hard": 0}
-        self._rng = random.Random(seed)
+        self.seed = seed
 
     def observe(self, stats: PromptStats) -> None:
         self._window["groups"] += 1
@@ -121,8 +124,13 @@ class Greso:
         kind, streak = self.streaks.get(prompt_id, ("easy", 0))
         return self.p[kind] ** streak
 
-    def admit(self, prompt_id: str) -> bool:
-        return self._rng.random() < self.probability(prompt_id)
+    def admit(self, prompt_id: str, candidate: int) -> bool:
+        return self.draw(prompt_id, candidate) < self.probability(prompt_id)
+
+    def draw(self, prompt_id: str, candidate: int) -> float:
+        """The uniform draw in [0, 1) for candidate ``candidate``: a hash of (seed, prompt, candidate)."""
+        digest = hashlib.blake2b(f"{self.seed}/{prompt_id}/{candidate}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64
 
 
 _CURATORS = {AcceptAllCurator: AcceptAll, FilterSolvedCurator: FilterSolved, GresoCurator: Greso}

@@ -16,11 +16,36 @@ follows the slowest trainer. In ``mode: lockstep`` every max_staleness is 0, so 
 released only once every trainer published the version trained on the previous one; each task
 then records those versions (``version.<policy>`` in its metadata) for the producers to wait for.
 
-The n-th candidate task is a pure function of n and the seed, and its task id is deterministic
-(``{prompt_id}@{epoch}``). The curator (``stream.curator``, fed by the PromptStats on the feedback
-topic) may skip a candidate; each submitted task records its candidate index n in its metadata
-(``cursor``), so a restarted feeder reads the last task of each partition and continues after
-it: no task is submitted twice, and no candidate is passed over without the curator's decision.
+Steps of one submission round (what makes a restart submit what an uninterrupted feeder would):
+
+1. Read the feedback that arrived (dropped groups give tasks back; the curator observes each
+   PromptStats), and compute how many tasks may have been submitted by now.
+2. Walk the candidates from the cursor: the n-th candidate task is a pure function of n and the
+   seed, and its task id is deterministic (``{prompt_id}@{epoch}``). The curator (``stream.curator``)
+   admits or skips each; a dataset row that cannot become a task is dead-lettered and skipped.
+   Each admitted task records its candidate index n (``cursor``) and its submission number
+   (``seq``) in its metadata. Tasks and dead letters go into an ``Outbox``; nothing is sent yet.
+3. Write the round in one transaction of the producer with the transactional id
+   ``{run}.feed.{workflow}`` (one feeder per workflow), and commit: the whole round becomes
+   visible, or nothing of it after a crash. A round the log aborts is rolled back (cursor and
+   counts) and its candidates decided again in the next round; ``FencedError`` means a newer feeder
+   of the workflow took over, and ends this one. The feeder reads no input at committed offsets, so
+   its transactions carry no offsets: where it stands is in the tasks it committed.
+
+On start the feeder first opens that producer, which fences an older feeder still running and ends
+its open round (on Kafka the transaction is aborted at once), then reads the newest task of each
+tasks partition (``newest_tasks.py``) and continues after the highest ``cursor``, counting one
+task more than the highest ``seq`` as submitted: no task is submitted twice, and no candidate passed
+over without the curator's decision. End offsets do not count tasks: on Kafka transaction markers
+take offsets too.
+
+Curator statistics need no changelog topic. The curator's state is a pure function of the
+PromptStats it observed, in log order (``curators.py``), and its decision on candidate n a pure
+function of that state and (seed, prompt, n): GRESO's draws are hashed, not taken from a random
+generator whose position a restart would lose. A starting feeder reads the whole feedback topic,
+up to the end it has when the feeder starts, before its first round, so it holds the state the
+crashed one held at that point of the feedback and decides each candidate it had not committed as
+the crashed feeder would have, had that one read the same feedback first.
 """
 
 from __future__ import annotations
@@ -30,15 +55,19 @@ import math
 import random
 import threading
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from astraflow.context import ComponentContext, now_ms
-from astraflow.errors import AstraFlowError
-from astraflow.log import TopicPartition
+from astraflow.errors import AstraFlowError, TransactionAbortedError
+from astraflow.log import TransactionalProducer
 from astraflow.metric_names import FEEDER_SKIPPED, FEEDER_SUBMITTED
-from astraflow.producers.curators import Curator, build_curator
+from astraflow.producers.curators import build_curator
+from astraflow.producers.feedback import FeedbackReader
+from astraflow.producers.newest_tasks import newest_tasks
+from astraflow.producers.outbox import Outbox
 from astraflow.producers.workflows.factory import build_run_workflow
-from astraflow.schemas.records import PromptStats, RolloutTask
+from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.base import Problem
 from astraflow.weights.follow import WeightFollower
 
@@ -95,38 +124,6 @@ def policy_budgets(config) -> dict[str, PolicyBudget]:
     return budgets
 
 
-class FeedbackReader:
-    """Reads the feedback topic from the start: counts dropped groups per policy and feeds the curator.
-
-    A record that does not decode, or that the curator cannot take in, is dead-lettered and skipped."""
-
-    def __init__(self, ctx: ComponentContext, curator: Curator) -> None:
-        self.dropped: Counter[str] = Counter()
-        self.curator = curator
-        self._ctx = ctx
-        self._codec = ctx.codec
-        self._consumer = ctx.log.consumer(group_id=None)
-        self._consumer.assign([TopicPartition(ctx.topics.feedback(), 0)])
-        self._consumer.seek_to_beginning()
-
-    def update(self) -> Counter[str]:
-        for message in self._consumer.poll(max_records=1000, timeout=0.0):
-            try:
-                stats = self._codec.decode(message.value, expect=PromptStats)
-            except AstraFlowError as exc:
-                self._ctx.dead_letter(message, f"undecodable feedback: {exc}", exc)
-                continue
-            self.dropped[stats.policy] += not stats.accepted
-            try:
-                self.curator.observe(stats)
-            except Exception as exc:  # one record the curator cannot take never stops the feeder
-                self._ctx.dead_letter(message, f"feedback the curator rejects: {type(exc).__name__}: {exc}", exc)
-        return self.dropped
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
 class TaskFeeder:
     """Submits tasks for one workflow from a list of dataset rows."""
 
@@ -139,42 +136,27 @@ class TaskFeeder:
         cfg = ctx.config
         self.budgets = policy_budgets(cfg)
         self.curator = build_curator(cfg.stream.curator)
-        self.submitted = sum(ctx.log.end_offsets(ctx.topics.tasks()).values())
-        self.cursor = self._resume_cursor()
+        self.transactional_id = f"{cfg.run}.feed.{cfg.workflow}"
+        self.submitted = 0
+        self.cursor = 0
         self.skipped = 0
         self._stalled = False
         self._orders: dict[int, list[int]] = {}
 
-    def _resume_cursor(self) -> int:
-        """The next candidate index: one past the ``cursor`` of the newest task on each partition."""
+    def resume(self) -> None:
+        """Continue after the newest task of each tasks partition (module docstring). Call it once
+        older feeders are fenced, as ``run`` does."""
         ctx = self.ctx
-        topic = ctx.topics.tasks()
-        ends = {p: end for p, end in ctx.log.end_offsets(topic).items() if end > 0}
-        if not ends:
-            return 0
-        cursor = self.submitted  # tasks written before cursors were recorded: one candidate each
-        consumer = ctx.log.consumer(group_id=None)
-        try:
-            consumer.assign([TopicPartition(topic, p) for p in ends])
-            for partition, end in ends.items():
-                consumer.seek(TopicPartition(topic, partition), end - 1)
-            for _ in range(20):
-                for message in consumer.poll(max_records=len(ends), timeout=0.5):
-                    ends.pop(message.partition, None)
-                    try:
-                        task = ctx.codec.decode(message.value, expect=RolloutTask)
-                    except AstraFlowError as exc:
-                        logger.error("undecodable task at %s/%d: %s", topic, message.offset, exc)
-                        continue
-                    cursor = max(cursor, int(task.metadata.get("cursor", -1)) + 1)
-                if not ends:
-                    return cursor
-        finally:
-            consumer.close()
-        raise AstraFlowError(f"could not read the newest task of {topic} partitions {sorted(ends)} to resume")
+        newest = newest_tasks(ctx.log, ctx.codec, ctx.topics.tasks()).values()
+        if not newest:
+            return
+        # tasks written before ``seq`` and ``cursor`` were recorded: counted by offsets, one candidate each
+        counted = sum(ctx.log.end_offsets(ctx.topics.tasks()).values())
+        self.submitted = max(int(t.metadata["seq"]) + 1 if "seq" in t.metadata else counted for t in newest)
+        self.cursor = max(self.submitted, *(int(t.metadata.get("cursor", -1)) + 1 for t in newest))
 
-    def task(self, n: int, versions: dict[str, int]) -> RolloutTask:
-        """The n-th task of the run (deterministic in n and the seed)."""
+    def task(self, n: int, versions: dict[str, int], seq: int | None = None) -> RolloutTask:
+        """The n-th candidate task of the run (deterministic in n and the seed); ``seq``: its submission number."""
         epoch, index = divmod(n, len(self.rows))
         if epoch not in self._orders:
             order = list(range(len(self.rows)))
@@ -184,6 +166,8 @@ class TaskFeeder:
         task_id = f"{row.prompt_id}@{epoch}"
         cfg = self.ctx.config
         metadata = {"cursor": str(n)}
+        if seq is not None:
+            metadata["seq"] = str(seq)
         if cfg.mode == "lockstep":
             metadata.update({f"version.{policy}": str(max(v, 0)) for policy, v in versions.items()})
         return RolloutTask(
@@ -199,12 +183,12 @@ class TaskFeeder:
             metadata=metadata,
         )
 
-    def _encoded(self, n: int, versions: dict[str, int]) -> tuple[RolloutTask, bytes] | None:
+    def _encoded(self, n: int, versions: dict[str, int], outbox: Outbox) -> tuple[RolloutTask, bytes] | None:
         """The n-th task and its record, or ``None`` (dead-lettered) when its row cannot make one that
         fits the tasks topic: a bad row is passed over like a curator's skip, never retried for ever."""
         ctx = self.ctx
         try:
-            task = self.task(n, versions)
+            task = self.task(n, versions, seq=self.submitted)
             value = ctx.codec.encode(task)
             problem = ctx.oversize(ctx.topics.tasks(), value)
         except Exception as exc:  # a row that cannot become a task is skipped, never the feeder
@@ -213,7 +197,7 @@ class TaskFeeder:
             error = None
             if problem is None:
                 return task, value
-        ctx.dead_letter(None, f"dataset row of candidate {n} cannot be submitted: {problem}", error)
+        outbox.dead_letter(None, f"dataset row of candidate {n} cannot be submitted: {problem}", error)
         return None
 
     def capacity(self, versions: dict[str, int], dropped: Counter[str]) -> int:
@@ -222,36 +206,21 @@ class TaskFeeder:
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
-        followers = {
-            policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=False).start()
-            for policy in self.budgets
-        }
-        feedback = FeedbackReader(ctx, self.curator)
-        try:
+        with ExitStack() as stack:
+            # opening the producer fences an older feeder (step 3), so the tasks read next are final
+            producer = stack.enter_context(ctx.log.transactional_producer(self.transactional_id))
+            self.resume()
+            feedback = FeedbackReader(ctx, self.curator)
+            stack.callback(feedback.close)
+            feedback.catch_up()
+            followers = {}
+            for policy in self.budgets:
+                followers[policy] = WeightFollower(ctx.log, ctx.topics.weights(policy), payload=False).start()
+                stack.callback(followers[policy].close)
             while not stop.is_set():
                 versions = {policy: follower.latest_version for policy, follower in followers.items()}
                 version = min(versions.values())
-                allowed = self.capacity(versions, feedback.update())
-                sent = passed_over = 0
-                while self.submitted < allowed and passed_over < len(self.rows):
-                    candidate = self.cursor
-                    self.cursor += 1
-                    value = self._encoded(candidate, versions)
-                    if value is None or not self.curator.admit(value[0].prompt_id):
-                        self.skipped += 1
-                        passed_over += 1
-                        continue
-                    task, encoded = value
-                    ctx.producer.send(ctx.topics.tasks(), encoded, key=task.task_id.encode())
-                    self.submitted += 1
-                    sent += 1
-                    passed_over = 0
-                stalled = passed_over == len(self.rows)
-                if stalled and not self._stalled:
-                    logger.warning(
-                        "the %s curator skipped a whole pass of the dataset; waiting for feedback", self.curator.name
-                    )
-                self._stalled = stalled
+                sent = self._round(producer, versions, self.capacity(versions, feedback.update()))
                 if sent:
                     ctx.metric(FEEDER_SUBMITTED, self.submitted, max(version, 0))
                     ctx.metric(FEEDER_SKIPPED, self.skipped, max(version, 0), curator=self.curator.name)
@@ -261,7 +230,40 @@ class TaskFeeder:
                 # wake for a new version, or soon after for dropped groups to replace: with a small
                 # staleness budget every refill round trip is on the trainer's critical path
                 followers[slowest].wait_for(versions[slowest] + 1, timeout=0.05)
-        finally:
-            for follower in followers.values():
-                follower.close()
-            feedback.close()
+
+    def _round(self, producer: TransactionalProducer, versions: dict[str, int], allowed: int) -> int:
+        """Steps 2 and 3: decide candidates until ``allowed`` tasks are submitted in all, or a whole pass
+        of the dataset was skipped, and commit them; the number of tasks this round submitted."""
+        before = (self.cursor, self.submitted, self.skipped)
+        outbox = Outbox(self.ctx)
+        sent = passed_over = 0
+        while self.submitted < allowed and passed_over < len(self.rows):
+            candidate = self.cursor
+            self.cursor += 1
+            value = self._encoded(candidate, versions, outbox)
+            if value is None or not self.curator.admit(value[0].prompt_id, candidate):
+                self.skipped += 1
+                passed_over += 1
+                continue
+            task, encoded = value
+            outbox.send(self.ctx.topics.tasks(), encoded, key=task.task_id.encode())
+            self.submitted += 1
+            sent += 1
+            passed_over = 0
+        stalled = passed_over == len(self.rows)
+        if stalled and not self._stalled:
+            logger.warning(
+                "the %s curator skipped a whole pass of the dataset; waiting for feedback", self.curator.name
+            )
+        self._stalled = stalled
+        if not outbox.records:
+            return 0
+        try:
+            producer.begin()
+            outbox.write(producer)
+            producer.commit()
+        except TransactionAbortedError as exc:
+            logger.warning("the log aborted a round of %d tasks; it is decided again: %s", sent, exc)
+            self.cursor, self.submitted, self.skipped = before
+            return 0
+        return sent

@@ -38,8 +38,8 @@ def test_filter_solved(pass_rates: list[float], alpha: float, min_groups: int, a
     curator = FilterSolved(threshold=0.95, alpha=alpha, min_groups=min_groups)
     for rate in pass_rates:
         curator.observe(stats("p", (rate, 0.1)))
-    assert curator.admit("p") is admitted
-    assert curator.admit("other")
+    assert curator.admit("p", 0) is admitted
+    assert curator.admit("other", 1)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_greso_submit_probability_is_p_to_the_streak(outcomes: list, probability
         curator.observe(stats("p", outcome))
     assert curator.probability("p") == pytest.approx(probability)
     draws = 20_000
-    admitted = sum(curator.admit("p") for _ in range(draws)) / draws
+    admitted = sum(curator.admit("p", n) for n in range(draws)) / draws
     assert admitted == pytest.approx(probability, abs=0.015)
 
 
@@ -112,10 +112,23 @@ def test_feeder_counts_fresh_groups_and_resumes_after_its_cursor(ctx: ComponentC
     # and one more for the replay share the first batch misses
     assert feeder.budgets["main"].tasks_per_batch == 17
     assert isinstance(feeder.curator, FilterSolved) and feeder.cursor == 0
-    for n in (0, 1, 4, 7):  # candidates 2, 3, 5 and 6 were skipped by the curator
-        task = feeder.task(n, {"main": 0})
-        assert task.metadata == {"cursor": str(n)}
+    for seq, n in enumerate((0, 1, 4, 7)):  # candidates 2, 3, 5 and 6 were skipped by the curator
+        task = feeder.task(n, {"main": 0}, seq)
+        assert task.metadata == {"cursor": str(n), "seq": str(seq)}
         ctx.producer.send(ctx.topics.tasks(), ctx.codec.encode(task), key=task.task_id.encode())
     ctx.producer.flush()
     resumed = TaskFeeder(ctx, rows, seed=3)
+    resumed.resume()
     assert resumed.submitted == 4 and resumed.cursor == 8
+
+
+def test_greso_decides_a_candidate_the_same_after_a_restart() -> None:
+    """A draw is a hash of (seed, prompt, candidate): a curator rebuilt from the same feedback, which
+    never made the draws of the candidates before, decides the later ones as the first one did."""
+    first, rebuilt, other_seed = Greso(seed=7), Greso(seed=7), Greso(seed=8)
+    for curator in (first, rebuilt, other_seed):
+        curator.observe(stats("p", HARD))  # probability 0.5
+    assert sum(first.admit("p", n) for n in range(100)) in range(30, 71)
+    later = range(100, 300)
+    assert [first.admit("p", n) for n in later] == [rebuilt.admit("p", n) for n in later]
+    assert [first.admit("p", n) for n in later] != [other_seed.admit("p", n) for n in later]
