@@ -73,6 +73,7 @@ def ctx(log_target: dict[str, str], tmp_path, unique: str):
             "bootstrap": log_target.get("bootstrap", "localhost:9092"),
             "partitions": 2,
         },
+        "rollout": {"group_size": GROUP},
         "stream": {
             "max_staleness": 1,
             "pipeline": [
