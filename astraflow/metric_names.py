@@ -51,7 +51,7 @@ ROLLOUT_MEAN_REWARD = "rollout.mean_reward"
 """Mean reward of one policy's trajectories in the last batch (reward units; only for a batch with
 some), labelled ``policy``, ``region``, ``hardware``. ``step``: the engine's weight version."""
 
-# stream processors (streams/processing.py, offline.py, faust_runtime.py); labelled ``policy``.
+# stream processors (streams/processing.py, native.py, offline.py, faust_runtime.py); labelled ``policy``.
 # ``step`` is the newest trainer weight version the processor has seen (at least 0).
 
 STREAM_GROUP_REWARD = "stream.group_reward"
@@ -91,6 +91,11 @@ STREAM_OFFLINE_USED_UP = "stream.offline_used_up"
 STREAM_FAUST_SKIPPED_RECORDS = "stream.faust_skipped_records"
 """Trajectory records the faust runtime left out and the processor read from the log instead (count,
 cumulative in this process). ``step``: the processor's trainer version."""
+
+STREAM_REWINDS = "stream.rewinds"
+"""Transactions of the native runtime that the log aborted (a rebalance took partitions, the
+embedded log stayed locked), after each of which the processor went back to its last commit and
+read on from there (count, cumulative in this process). ``step``: the processor's trainer version."""
 
 # trainer (consumers/trainer.py): ``train.<figure>`` for each figure of a step, labelled ``policy``.
 # ``step`` is the weight version the optimizer step produced.

@@ -48,6 +48,10 @@ class RunTopics:
     def deadletter(self) -> str:
         return f"{self.run}.deadletter"
 
+    def stream_changelog(self, policy: str) -> str:
+        """The native stream processor's state: half-filled groups, closed group ids, operator state."""
+        return f"{self.run}.stream.{policy}.changelog"
+
     def specs(self, partitions: int, chunk_bytes: int = 4 * MiB) -> list[TopicSpec]:
         """Every topic of the run with its settings (``partitions`` for the shared-work topics)."""
         specs = [
@@ -61,6 +65,7 @@ class RunTopics:
                 TopicSpec(self.trajectories(policy), partitions=partitions),
                 TopicSpec(self.samples(policy), partitions=1),
                 TopicSpec(self.weights(policy), partitions=2, max_message_bytes=chunk_bytes + MiB),
+                TopicSpec(self.stream_changelog(policy), partitions=1, compacted=True, max_message_bytes=32 * MiB),
             ]
         return specs
 

@@ -24,18 +24,23 @@ advantage is broadcast to its tokens by the trainer.
 - Reward normalisation: r ← (r − μ) / (σ + eps) with μ, σ the running mean and population std of
   every reward seen so far (Chan et al.'s parallel update, O(1) memory).
 
+The REINFORCE++ window and the normalisation statistics are operator state (``state_dict``, as
+JSON whose floats round-trip exactly): the native runtime journals them with its commits, so a
+restarted processor computes the same advantages as one that never stopped.
+
 A group of one has no spread and gets advantage 0. A group whose rewards are all equal carries no
 signal under any of these: DAPO's dynamic sampling drops it (``is_zero_variance``) and counts it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 
 import numpy as np
 
-from astraflow.streams.operators import Group, register
+from astraflow.streams.operators import Group, TrajectoryLookup, register
 
 
 def _checked(rewards: np.ndarray) -> np.ndarray:
@@ -141,6 +146,12 @@ class ReinforcePPAdvantage:
         group.advantages = ((centred - recent.mean()) / (recent.std() + self.eps)).astype(np.float32)
         return None
 
+    def state_dict(self) -> bytes:
+        return json.dumps({"recent": list(self._recent)}).encode()
+
+    def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
+        self._recent = deque(json.loads(state)["recent"], maxlen=self._recent.maxlen)
+
 
 def sft_advantages(rewards: np.ndarray, min_reward: float) -> np.ndarray:
     """Rejection-sampling SFT advantages [G] float32: 1 for rewards of at least ``min_reward``, else 0."""
@@ -187,3 +198,10 @@ class RewardNormaliser:
         normalised = (rewards - self.mean) / (np.sqrt(self._m2 / self.count) + self.eps)
         group.rewards = normalised if self.clip is None else np.clip(normalised, -self.clip, self.clip)
         return None
+
+    def state_dict(self) -> bytes:
+        return json.dumps({"count": self.count, "mean": self.mean, "m2": self._m2}).encode()
+
+    def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
+        saved = json.loads(state)
+        self.count, self.mean, self._m2 = int(saved["count"]), float(saved["mean"]), float(saved["m2"])

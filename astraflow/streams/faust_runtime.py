@@ -3,11 +3,12 @@
 One faust app per policy, with one agent on ``{run}.trajectories.{policy}``. Its app id, and so
 its consumer group, is the native runtime's, ``{run}.stream.{policy}``: tools that read the stream
 processor's committed offsets (``audit``, ``replay``) find them whichever runtime ran, and a run
-switched from native to faust resumes where native committed (native never commits past a
-half-filled group). The two cannot run in one group at the same time (Kafka refuses a member
-whose assignment protocol differs), and native does not read faust's table. Records are read and
-written as raw bytes: the project's Avro codec decodes and encodes them (``streams.processing``,
-shared with the native runtime). Half-filled groups live in the faust table ``pending``
+switched from one runtime to the other resumes where the first committed. Each keeps its
+half-filled groups in its own changelog, which the other does not read, so a group half full at a
+switch ends incomplete (its later members time out). The two cannot run in one group at the same
+time (Kafka refuses a member whose assignment protocol differs). Records are read and written as
+raw bytes: the project's Avro codec decodes and encodes them (``streams.processing``, shared with
+the native runtime). Half-filled groups live in the faust table ``pending``
 (``faust_table``), whose changelog topic ``{app id}-pending-changelog`` lets a restarted or
 rebalanced worker resume them. A (re)started worker waits about 10 s at the end of restoring it:
 that is how faust recognises the end of a changelog written in transactions.
@@ -70,8 +71,9 @@ from astraflow.streams.faust_consumer import (
     QuiescentTransport,
     replication_factor,
 )
-from astraflow.streams.faust_table import PendingTable, read_range, read_records, start_offset
+from astraflow.streams.faust_table import PendingTable
 from astraflow.streams.operators import GroupBuffer
+from astraflow.streams.pending import read_range, read_records, start_offset
 from astraflow.streams.processing import GroupProcessor
 from astraflow.weights.follow import WeightFollower
 

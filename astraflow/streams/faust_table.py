@@ -2,11 +2,11 @@
 
 The faust runtime collects groups in one ``GroupBuffer`` per input partition, the same class
 the native runtime uses, so a group completes, fails or drops a duplicate the same way on both.
-What the native runtime gets from re-reading uncommitted records after a crash, the faust
-runtime gets from this table: the changes records make to a buffer are written to the table's
-changelog topic in the same Kafka transaction as the records' input offsets, and a buffer is
-rebuilt from the table when its partition is (re)assigned - after faust restored the table from
-the changelog. So the offset of a record can be committed while its group is still half full.
+As the native runtime's changelog (``streams.changelog``) does for it, this table keeps the
+half-filled groups for the faust runtime: the changes records make to a buffer are written to the
+table's changelog topic in the same Kafka transaction as the records' input offsets, and a buffer
+is rebuilt from the table when its partition is (re)assigned - after faust restored the table
+from the changelog. So the offset of a record can be committed while its group is still half full.
 
 The changes are written once per transaction, not per record: ``journal`` applies each record's
 change to the store at once and keeps it as unsent, and ``flush`` - called just before each
@@ -21,11 +21,9 @@ ASCII unit separator, which ids never contain), so a partition's entries are fou
 - kind ``f``: a dead-lettered member (trajectory id, or partition@offset for bytes that did not
   decode); the value is the group size it announced (0: unknown).
 
-A member entry points at its record instead of holding its bytes: the trajectories topic keeps
-them anyway (forever, unless a retention is set on it), and copying every trajectory into the
-changelog would double the bytes the worker and the broker write. A buffer is rebuilt by reading
-those records again (``read_records``); one that retention deleted meanwhile makes its group
-incomplete, like a dead-lettered member.
+A member entry points at its record instead of holding its bytes (``streams.pending`` says why),
+and a buffer is rebuilt by reading those records again (``pending.read_records``); one that
+retention deleted meanwhile makes its group incomplete, like a dead-lettered member.
 
 ``journal`` turns one record's effect on a buffer into table changes by comparing the group's
 entries before and after: the arriving member is added, a completed group's entries are deleted.
@@ -37,9 +35,9 @@ that never completes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 
-from astraflow.log import Log, Message, TopicPartition
+from astraflow.log import Message
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory
 from astraflow.streams.operators import GroupBuffer
@@ -152,35 +150,3 @@ class PendingTable:
                 )
                 buffer.fail(group_id, member)
         return buffer
-
-
-def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> dict[int, Message]:
-    """The records at ``offsets`` of one partition (those still there), read in one pass."""
-    if not offsets:
-        return {}
-    wanted = set(offsets)
-    return {m.offset: m for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted}
-
-
-def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
-    """The records of one partition from ``start`` up to ``end`` (exclusive) that are still there, in order."""
-    tp = TopicPartition(topic, partition)
-    consumer = log.consumer(group_id=None)
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        while consumer.position(tp) < end:
-            yield from (m for m in consumer.poll(max_records=1000, timeout=1.0) if start <= m.offset < end)
-    finally:
-        consumer.close()
-
-
-def start_offset(log: Log, group: str, topic: str, partition: int) -> int:
-    """Where ``group`` starts reading a partition it is assigned: its committed offset, else the first record's."""
-    tp = TopicPartition(topic, partition)
-    consumer = log.consumer(group_id=group, auto_offset_reset="earliest")
-    try:
-        consumer.assign([tp])
-        return consumer.position(tp)
-    finally:
-        consumer.close()

@@ -10,18 +10,29 @@ of B samples holds ⌊ρ·B⌋ replayed samples up to one group's size.
 A replayed group is a copy of the accepted one, with the advantages computed when it was
 accepted; its sample ids get ``#replay<n>`` appended (the trainer drops repeated ids) and its
 samples are marked ``replayed``. Its tokens only grow older: the trainer's off-policy correction
-against the behaviour log-probs applies to it like to any stale sample. The buffer lives in the
-processor's memory: a restarted processor starts with an empty one (replay is a reuse of data
-already trained on, so nothing accepted is lost).
+against the behaviour log-probs applies to it like to any stale sample.
+
+The buffer, the credit and the random generator are the replay mixer's state (``state_dict``),
+which the native runtime journals with its commits: a restarted processor replays the same copies,
+with the same ``#replay<n>`` ids, as one that never stopped. The state names each buffered group's
+trajectories by their position in the trajectories topic (they are there anyway) and carries only
+what the operators computed: advantages and provenance. A buffered group whose records retention
+deleted meanwhile is left out of the restored buffer.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 from collections import deque
 from dataclasses import replace
 
-from astraflow.streams.operators import Group, register
+import numpy as np
+
+from astraflow.streams.operators import Group, TrajectoryLookup, register
+
+logger = logging.getLogger(__name__)
 
 
 @register
@@ -57,6 +68,39 @@ class ReplayMixer:
         if self.selector == "latest":
             return self._buffer[-1 - drawn % len(self._buffer)]
         return self._buffer[self._rng.randrange(len(self._buffer))]
+
+    def state_dict(self) -> bytes:
+        buffered = [
+            {
+                "group": group.group_id,
+                "positions": group.positions,
+                "advantages": None if group.advantages is None else group.advantages.tolist(),
+                "operators": group.operators,
+                "replayed": replayed,
+            }
+            for group, replayed in self._buffer
+        ]
+        rng = None if self.selector == "latest" else self._rng.getstate()  # ``latest`` never draws
+        return json.dumps({"credit": self._credit, "rng": rng, "buffer": buffered}).encode()
+
+    def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
+        saved = json.loads(state)
+        self._credit = float(saved["credit"])
+        if saved["rng"] is not None:
+            version, internal, gauss = saved["rng"]
+            self._rng.setstate((version, tuple(internal), gauss))
+        entries = saved["buffer"]
+        trajectories = iter(lookup([(p, o) for entry in entries for p, o in entry["positions"]]))
+        self._buffer.clear()
+        for entry in entries:
+            members = [next(trajectories) for _ in entry["positions"]]
+            if not members or None in members:
+                logger.warning("replay buffer: group %s left out, its records are gone", entry["group"])
+                continue
+            advantages = None if entry["advantages"] is None else np.asarray(entry["advantages"], dtype=np.float32)
+            positions = [(p, o) for p, o in entry["positions"]]
+            group = Group(entry["group"], members, advantages, list(entry["operators"]), positions=positions)
+            self._buffer.append([group, int(entry["replayed"])])
 
 
 @register

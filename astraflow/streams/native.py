@@ -1,147 +1,236 @@
-"""The native stream runtime: trajectories → group operators → train samples, on any log backend.
+"""The native stream runtime: trajectories → group operators → train samples, exactly once, on any log.
 
-One loop per policy, in a consumer group so several processors can share the partitions; what
-happens to a record on its way (steps 1, 3, 4) is shared with the faust runtime
-(``streams.processing``). Steps of one iteration (what makes it at-least-once with duplicates
-dropped):
+One loop per policy, in the consumer group ``{run}.stream.{policy}``; what happens to a record
+on its way (steps 2-4) is shared with the faust runtime (``streams.processing``). Each poll is
+one transaction of the processor's transactional producer (``Log.transactional_producer``): the
+poll's outputs, the changes to the processor's state and the input offsets become visible
+together, or not at all. Steps of one iteration:
 
-1. Poll trajectory records; a record that does not decode or fails a check (``schemas.validation``:
-   reward bound, token ids and lengths, loss mask, group size, token versions, record size, or
-   another policy's trajectory) goes to the dead-letter topic with the reason, and counts as a
-   failed member of its group (the record key names the group when the bytes do not).
-2. Add each trajectory to the ``GroupBuffer`` (duplicate trajectory ids are dropped there). Groups
-   still missing members ``stream.group_timeout_s`` after their first one, in record timestamps,
-   are given up: their members dead-lettered, the group dropped as ``incomplete``.
-3. Run every completed group through the group operators (``Pipeline.process``); a group with a
-   dead-lettered member is dropped as ``incomplete`` without them; an operator that raises drops
-   the group as ``error`` and dead-letters its members. Every group, accepted or
-   dropped, yields a PromptStats record on the feedback topic, listing its trajectory ids (the
-   feeder's back-pressure and curators read it, ``astraflow audit`` takes the drop reasons from
-   it); a drop is counted by its kind in ``stream.dropped.<kind>``.
-4. The poll's accepted groups, with the replayed copies and offline groups the mixers add (each
-   offline source first reads what those groups earn it, ``streams.offline``), in the ordering's order
-   (``Pipeline.emit``), go to ``{run}.samples.{policy}`` as TrainSamples that list the operators
-   they passed.
-5. Commit per partition the offset below which every record belongs to an emitted group
-   (offline sources commit theirs likewise), once every record sent before is acknowledged:
-   half-filled groups are re-read after a crash, emitted groups are never lost. The commit
-   waits for the acknowledgements without blocking: it happens at once where the log writes
-   on the spot (embedded: ``settled`` flushes); else, after each poll, the loop commits the
-   offsets of the latest earlier poll whose sends the broker has acknowledged meanwhile
-   (``Producer.mark``: the broker acknowledges one batch while the loop reads the next), and
-   flushes to commit everything when the log is idle or offsets have waited ``MAX_COMMIT_DELAY_S``.
-   A crash before the commit re-emits groups; sample ids are deterministic for the trainer
-   (those of replayed copies are deterministic only within one processor's lifetime).
+1. Poll up to ``POLL_RECORDS`` trajectory records. A partition newly assigned gets its
+   ``GroupBuffer`` back from the changelog (``streams.changelog``): its half-filled groups,
+   re-read from the records they point at (``streams.pending``), and the ids of its recently
+   closed groups. Begin a transaction.
+2. Admit each record into its partition's buffer: a record that does not decode or fails a check
+   (``schemas.validation``) is dead-lettered and counts as a failed member of its group (the
+   record key names the group when the bytes do not); a duplicate trajectory id, or a late copy
+   of a closed group, is dropped and counted as ``redelivered``. Groups still missing members
+   ``stream.group_timeout_s`` after their first one, in log time (the newest record timestamp
+   seen), are given up: their members dead-lettered, the group dropped as ``incomplete``.
+3. Run every completed group through the group operators; every group, accepted or dropped,
+   yields a PromptStats record on the feedback topic; drops count by kind (``stream.dropped.*``).
+4. The accepted groups, with the replayed copies and offline groups the mixers add (each offline
+   source first reads what those groups earn it, ``streams.offline``), in the ordering's order,
+   go to ``{run}.samples.{policy}`` as TrainSamples that list the operators they passed.
+5. Journal what the poll changed to the changelog: each partition's half-filled groups, the ids
+   of the groups closed, the ``state_dict`` of each stateful operator (reward-normalisation
+   statistics, the REINFORCE++ window, the replay buffer with its credit and random generator),
+   and the log time.
+6. Send the positions after the poll as the group's offsets, and commit. The offsets are the
+   positions, not the first record of a half-filled group: its members are in the changelog, so
+   no record is read twice, and a group split across a commit completes after a restart.
+
+A crash leaves nothing of the open transaction visible. The restarted processor's transactional
+producer (id ``{run}.stream.{policy}``: one processor per policy, as ``astraflow run`` starts it)
+fences its predecessor and ends the transaction it left open; the processor loads the state of
+the last commit and reads on from its offsets. So every input record's outputs are written
+exactly once, and a restarted processor emits what an uninterrupted one would have (TrainSample
+``created_ms`` aside). A commit the log aborts (``TransactionAbortedError``: the consumer lost
+partitions to a rebalance, or the embedded log stayed locked) takes the processor back to its
+last commit - state from the changelog, consumer at the committed offsets - and it goes on. A
+fenced producer (a newer processor of the policy), a record the log refuses, or any other
+failure ends the processor, for the launcher to restart it.
+
+Outside the transactions: metrics (the component's own producer); the offline sources, which
+commit their own group's offsets after each transaction (offline groups are mixed in at least
+once, and the offline mixer's state lives in memory); the ``duplicate`` filter's id memory.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
+from collections import defaultdict
 
 from astraflow.context import ComponentContext
-from astraflow.errors import LogError
-from astraflow.log import Message, TopicPartition
+from astraflow.errors import TransactionAbortedError
+from astraflow.log import Consumer, Message, TopicPartition
+from astraflow.metric_names import STREAM_REWINDS
+from astraflow.schemas.records import Trajectory
+from astraflow.streams.changelog import CLOCK, Changelog, operator_key, pending_key
 from astraflow.streams.offline import OfflineSource
-from astraflow.streams.operators import Group, GroupBuffer
+from astraflow.streams.operators import Group, GroupBuffer, StatefulOperator
+from astraflow.streams.pending import read_records, restore, snapshot, snapshot_offsets
+from astraflow.streams.pipeline import build_pipeline
 from astraflow.streams.processing import GroupProcessor
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
 
-MAX_COMMIT_DELAY_S = 1.0
-"""The longest offsets wait for their samples' acknowledgements before the loop waits for them."""
+POLL_RECORDS = 512
+"""The most trajectory records one poll, and so one transaction, handles."""
 
 
 class NativeStreamProcessor(GroupProcessor):
-    """Runs the configured pipeline for one policy on the run's log."""
+    """Runs the configured pipeline for one policy on the run's log, one transaction per poll."""
 
     def __init__(self, ctx: ComponentContext, policy: str) -> None:
-        super().__init__(ctx, policy, ctx.producer)
-        self.buffer = GroupBuffer()
+        transactions = ctx.log.transactional_producer(f"{ctx.config.run}.stream.{policy}")  # fences the predecessor
+        super().__init__(ctx, policy, transactions)
+        self.transactions = transactions
+        self.source = ctx.topics.trajectories(policy)
+        self.changelog = Changelog.load(ctx.log, ctx.topics.stream_changelog(policy))
+        self.buffers: dict[int, GroupBuffer] = {}
+        """Per assigned input partition, its half-filled groups and recently closed ids."""
+        self.rewinds = 0
+        self._redelivered = 0
+        self._restored: list[Group] = []
+        self._clock = 0
+        self._restore()
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
-        source = ctx.topics.trajectories(self.policy)
         consumer = ctx.log.consumer(group_id=f"{ctx.config.run}.stream.{self.policy}")
-        consumer.subscribe([source])
-        follower = self.follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
-        offline_sources = [
-            OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index, self.limits)
-            for index, mixer in enumerate(self.pipeline.offline)
-        ]
-        pending: list[tuple[int, dict[TopicPartition, int], float]] = []
-        """Per poll not committed yet: the producer's mark after its sends, its offsets, when it was read."""
-
-        def commit(settled: int) -> None:
-            """Commit the offsets of the first ``settled`` polls of ``pending`` (all of them: the
-            offline sources' too), whose sends are acknowledged."""
-            offsets: dict[TopicPartition, int] = {}
-            for _, polled, _ in pending[:settled]:
-                offsets.update(polled)
-            try:
-                if offsets:
-                    consumer.commit(offsets)
-            except LogError as exc:
-                logger.warning("commit after a rebalance rejected (the new owner re-reads): %s", exc)
-            all_settled = settled == len(pending)
-            del pending[:settled]
-            if all_settled:  # offline sources commit their positions, which every sent sample is below only now
-                for offline in offline_sources:
-                    offline.commit()
-
-        def commit_settled() -> None:
-            """Commit the polls whose sends are acknowledged, without waiting for any."""
-            for index in range(
-                len(pending), 0, -1
-            ):  # marks increase: the last settled poll settles every one before it
-                if ctx.producer.settled(pending[index - 1][0]):
-                    commit(index)
-                    return
-
         try:
+            consumer.subscribe([self.source])
+            self.follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
             while not stop.is_set():
-                version = max(follower.latest_version, 0)  # raises at once if the follower died
-                messages = consumer.poll(max_records=512, timeout=0.5)
-                if pending and (not messages or time.monotonic() - pending[0][2] > MAX_COMMIT_DELAY_S):
-                    ctx.producer.flush()
-                    commit(len(pending))
-                elif pending:  # the samples of earlier polls may have been acknowledged while this one was read
-                    commit_settled()
-                if not messages:
-                    continue
-                read_at = time.monotonic()
-                accepted = []
-                for message in messages:
-                    group = self._add(message)
-                    if group is not None and self._process(group, version):
-                        accepted.append(group)
-                self._expire(self.buffer, version)
-                for offline in offline_sources:
-                    offline.fill(sum(len(group.trajectories) for group in accepted), version)
-                self._emit(accepted, version)
-                self._count_redeliveries(version)
-                # the partitions this poll read from (asking for the others' positions costs a round trip each)
-                polled = {message.partition for message in messages}
-                positions = {p: consumer.position(TopicPartition(source, p)) for p in polled}
-                safe = {TopicPartition(source, p): offset for p, offset in self.buffer.safe_offsets(positions).items()}
-                pending.append((ctx.producer.mark(), safe, read_at))
-                if ctx.producer.settled():  # the embedded log writes here, at once; Kafka acknowledges later
-                    commit(len(pending))
-            if pending:
-                ctx.producer.flush()
-                commit(len(pending))
+                offline_sources = [
+                    OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index, self.limits)
+                    for index, mixer in enumerate(self.pipeline.offline)
+                ]
+                try:
+                    self._serve(consumer, offline_sources, stop)
+                except TransactionAbortedError as exc:
+                    logger.warning("the log aborted a transaction, back to the last commit: %s", exc)
+                    self._rewind(consumer)
+                finally:
+                    for offline in offline_sources:
+                        offline.close()
         finally:
-            for offline in offline_sources:
-                offline.close()
-            follower.close()
+            if self.follower is not None:
+                self.follower.close()
             consumer.close()
+            self.transactions.close()  # aborts a transaction left open by a failure
+
+    def _serve(self, consumer: Consumer, offline_sources: list[OfflineSource], stop: threading.Event) -> None:
+        while not stop.is_set():
+            version = max(self.follower.latest_version, 0)  # raises at once if the follower died
+            messages = consumer.poll(max_records=POLL_RECORDS, timeout=0.5)
+            self._sync(consumer)
+            if not messages and not self._restored:
+                self.ctx.producer.flush()  # the metrics of the last poll, while the log is idle
+                continue
+            self.transactions.begin()
+            self._handle(messages, version, offline_sources)
+            polled = {TopicPartition(self.source, message.partition) for message in messages}
+            self.transactions.send_offsets(consumer, {tp: consumer.position(tp) for tp in polled})
+            self.transactions.commit()
+            self.changelog.committed()
+            for offline in offline_sources:  # every offline sample sent before is committed now
+                offline.commit()
+
+    def _handle(self, messages: list[Message], version: int, offline_sources: list[OfflineSource]) -> None:
+        """Steps 2 to 5 of the module docstring for one poll, into the open transaction."""
+        restored, self._restored = self._restored, []
+        accepted = [group for group in restored if self._process(group, version)]
+        for message in messages:
+            group = self._add(message)
+            if group is not None and self._process(group, version):
+                accepted.append(group)
+        self._clock = max([self._clock, *(buffer.clock for buffer in self.buffers.values())])
+        for buffer in self.buffers.values():
+            buffer.clock = self._clock  # the log's time: a quiet partition's groups time out too
+            self._expire(buffer, version)
+        for offline in offline_sources:
+            offline.fill(sum(len(group.trajectories) for group in accepted), version)
+        self._emit(accepted, version)
+        self._count_redeliveries(version)
+        self._journal()
 
     def _add(self, message: Message) -> Group | None:
-        return self._join(self._admit(message), self.buffer, message)
+        buffer = self._buffer(message.partition)
+        duplicates = buffer.duplicates
+        group = self._join(self._admit(message), buffer, message)
+        self._redelivered += buffer.duplicates - duplicates
+        return group
 
     def _count_redeliveries(self, version: int) -> None:
-        """Trajectories the GroupBuffer dropped as redelivered duplicates count as drops too."""
-        if self.buffer.duplicates > self.drops["redelivered"]:
-            self._count_drop("redelivered", version, self.buffer.duplicates - self.drops["redelivered"])
+        """Trajectories the buffers dropped as redelivered duplicates count as drops too."""
+        if self._redelivered > self.drops["redelivered"]:
+            self._count_drop("redelivered", version, self._redelivered - self.drops["redelivered"])
+
+    def _journal(self) -> None:
+        """Step 5: send what changed since the last commit to the changelog, in the open transaction."""
+        closed = []
+        for partition, buffer in self.buffers.items():
+            self.changelog.put(pending_key(partition), snapshot(buffer))
+            closed += [(partition, gid, expired) for gid, expired in buffer.closed or []]
+            buffer.closed = []
+        if closed:
+            self.changelog.put_closed(closed)
+        for index, operator in self._stateful():
+            self.changelog.put(operator_key(index, operator.name), operator.state_dict())
+        self.changelog.put(CLOCK, str(self._clock).encode())
+        self.changelog.send(self.transactions)
+
+    def _buffer(self, partition: int) -> GroupBuffer:
+        """The partition's buffer; made from the changelog the first time the partition is assigned."""
+        buffer = self.buffers.get(partition)
+        if buffer is None:
+            buffer = self.buffers[partition] = GroupBuffer(keep_closed=True)
+            state = self.changelog.table.get(pending_key(partition))
+            if state is not None:
+                records = read_records(self.ctx.log, self.source, partition, snapshot_offsets(state))
+                self._restored += restore(state, buffer, partition, records, self.ctx.codec)
+            for gid, expired in self.changelog.closed(partition):
+                buffer.mark_closed(gid, expired)
+            buffer.clock = max(buffer.clock, self._clock)
+        return buffer
+
+    def _sync(self, consumer: Consumer) -> None:
+        """Buffers for exactly the assigned partitions. A lost partition's state stays in the
+        changelog as last committed, for whoever is assigned it next."""
+        assigned = [tp.partition for tp in consumer.assignment() if tp.topic == self.source]
+        for partition in set(self.buffers) - set(assigned):
+            del self.buffers[partition]
+        for partition in assigned:
+            self._buffer(partition)
+
+    def _stateful(self) -> list[tuple[int, StatefulOperator]]:
+        """The pipeline's stateful operators, with their index among all its operators."""
+        pipeline = self.pipeline
+        operators = [*pipeline.operators, *pipeline.mixers, *([pipeline.ordering] if pipeline.ordering else [])]
+        return [(index, operator) for index, operator in enumerate(operators) if isinstance(operator, StatefulOperator)]
+
+    def _restore(self) -> None:
+        """The state of the last commit: the operators' and the log time; buffers come with their partitions."""
+        self.buffers = {}
+        self._restored = []
+        self._clock = int(self.changelog.table.get(CLOCK, b"0"))
+        for index, operator in self._stateful():
+            state = self.changelog.table.get(operator_key(index, operator.name))
+            if state is not None:
+                operator.load_state_dict(state, self._lookup)
+
+    def _rewind(self, consumer: Consumer) -> None:
+        """Back to the last commit after an aborted transaction: state and consumer positions."""
+        self.rewinds += 1
+        self.ctx.metric(STREAM_REWINDS, self.rewinds, max(self.follower.latest_version, 0), policy=self.policy)
+        self.changelog.discard()
+        self.pipeline = build_pipeline(self.ctx.config.stream)
+        self._restore()
+        assigned = [tp for tp in consumer.assignment() if tp.topic == self.source]
+        for tp, offset in consumer.committed(assigned).items():
+            if offset is None:
+                consumer.seek_to_beginning([tp])
+            else:
+                consumer.seek(tp, offset)
+
+    def _lookup(self, positions: list[tuple[int, int]]) -> list[Trajectory | None]:
+        """The trajectories at these positions of the input topic (``operators.TrajectoryLookup``)."""
+        wanted: dict[int, list[int]] = defaultdict(list)
+        for partition, offset in positions:
+            wanted[partition].append(offset)
+        records = {p: read_records(self.ctx.log, self.source, p, offsets) for p, offsets in wanted.items()}
+        found = [records[partition].get(offset) for partition, offset in positions]
+        return [None if r is None else self.ctx.codec.decode(r.value, expect=Trajectory, keep=True) for r in found]

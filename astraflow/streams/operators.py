@@ -12,15 +12,20 @@ through the configured operators (``pipeline.build_pipeline``). Three kinds, by 
 - an ``Ordering`` orders the groups that are ready to be emitted together.
 
 Operators hold no I/O. Each class is registered under its YAML name (``@register``) and built
-from its spec's fields (``astraflow.config.pipeline``).
+from its spec's fields (``astraflow.config.pipeline``). An operator that remembers something
+between groups (running statistics, a replay buffer) is a ``StatefulOperator``: the native
+runtime writes its ``state_dict`` to the changelog in the transaction of each poll that changed
+it, and loads it back when a processor starts, so a restarted processor goes on exactly as the
+one that committed last would have.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -86,6 +91,26 @@ class Ordering(Protocol):
         """The groups ready to be emitted, in emission order."""
 
 
+TrajectoryLookup = Callable[[list[tuple[int, int]]], list[Trajectory | None]]
+"""The trajectories at these (partition, offset) positions of the policy's trajectories topic, in
+order (``None`` for a record that is gone): how a state that names trajectories by position
+gets them back without the operator doing I/O."""
+
+
+@runtime_checkable
+class StatefulOperator(Protocol):
+    """An operator (of any kind) whose memory outlives one group, saved and restored by the runtime."""
+
+    name: str
+
+    def state_dict(self) -> bytes:
+        """Everything the operator remembers, such that ``load_state_dict`` of it on a new instance
+        (same parameters) makes one that behaves exactly as this one from now on."""
+
+    def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
+        """Replace what the operator remembers by ``state`` (from ``state_dict``)."""
+
+
 OPERATORS: dict[str, type] = {}
 """Operator classes by YAML name; filled by ``@register`` when their modules are imported."""
 
@@ -114,13 +139,17 @@ class GroupBuffer:
     Duplicates (the same trajectory id delivered twice after a producer retry) are dropped here;
     ids of recently completed groups are remembered so a late duplicate does not start a new group.
     A member that was dead-lettered counts towards its group's size (``fail``), so the group still
-    completes - with ``Group.failed`` set, for the runtime to drop - instead of waiting forever and
-    holding back the committed offset. A group whose last members never come (a producer died
-    part-way, or announced a larger group) is given up by ``expire`` once the log's time - the
-    newest record timestamp seen - is ``timeout`` past its first member's.
+    completes - with ``Group.failed`` set, for the runtime to drop - instead of waiting forever. A
+    group whose last members never come (a producer died part-way, or announced a larger group) is
+    given up by ``expire`` once the log's time - the newest record timestamp seen - is ``timeout``
+    past its first member's.
+
+    With ``keep_closed`` the ids of the groups closed (completed or given up) are also kept in
+    ``closed`` until the runtime takes them, for it to journal them; ``mark_closed`` puts such an
+    id back into a new buffer.
     """
 
-    def __init__(self, remember: int = 100_000) -> None:
+    def __init__(self, remember: int = 100_000, keep_closed: bool = False) -> None:
         self.pending: dict[str, dict[str, tuple[Trajectory, int, int]]] = {}
         self.failed: dict[str, dict[str, int]] = {}
         """Group id → dead-lettered member (trajectory id, or partition@offset) → its group_size (0: unknown)."""
@@ -133,6 +162,8 @@ class GroupBuffer:
         """Recently expired groups (``expire``): a member arriving later is late, not a duplicate."""
         self._remember = remember
         self.duplicates = 0
+        self.closed: list[tuple[str, bool]] | None = [] if keep_closed else None
+        """With ``keep_closed``: (group id, given up) of each group closed since the runtime last emptied it."""
 
     def add(self, trajectory: Trajectory, partition: int, offset: int, timestamp: int = 0) -> Group | None:
         """Add one trajectory; return its group once complete."""
@@ -158,10 +189,7 @@ class GroupBuffer:
         each is returned with ``expired`` set (none for a group whose every member was dead-lettered)."""
         expired = []
         for gid in self.overdue(timeout_ms):
-            group = self._close(gid)
-            self.expired_ids[gid] = None
-            if len(self.expired_ids) > self._remember:
-                self.expired_ids.popitem(last=False)
+            group = self._close(gid, expired=True)
             if group is not None:
                 group.expired = True
                 expired.append(group)
@@ -188,14 +216,24 @@ class GroupBuffer:
             return None
         return self._close(gid)
 
-    def _close(self, gid: str) -> Group | None:
+    def mark_closed(self, gid: str, expired: bool = False) -> None:
+        """Remember ``gid`` as closed (``expired``: given up), as closing it would."""
+        self._done[gid] = None
+        if len(self._done) > self._remember:
+            self._done.popitem(last=False)
+        if expired:
+            self.expired_ids[gid] = None
+            if len(self.expired_ids) > self._remember:
+                self.expired_ids.popitem(last=False)
+
+    def _close(self, gid: str, expired: bool = False) -> Group | None:
         """Remove ``gid`` from the pending groups and remember it as done; its group, if it has a trajectory."""
         members = self.pending.pop(gid, {})
         failed = self.failed.pop(gid, {})
         self.started.pop(gid, None)
-        self._done[gid] = None
-        if len(self._done) > self._remember:
-            self._done.popitem(last=False)
+        self.mark_closed(gid, expired)
+        if self.closed is not None:
+            self.closed.append((gid, expired))
         if not members:
             return None
         ordered = sorted(members.values(), key=lambda item: item[0].trajectory_id)
@@ -205,11 +243,3 @@ class GroupBuffer:
             failed=sorted(failed),
             positions=[(partition, offset) for _, partition, offset in ordered],
         )
-
-    def safe_offsets(self, positions: dict[int, int]) -> dict[int, int]:
-        """Per partition, the offset up to which every record belongs to an emitted group."""
-        safe = dict(positions)
-        for members in self.pending.values():
-            for _, partition, offset in members.values():
-                safe[partition] = min(safe.get(partition, offset), offset)
-        return safe

@@ -24,9 +24,10 @@ with the exception's type and text (``error: <type>``), and the processor goes o
 whose advantages come out non-finite. Failures outside one record's handling (the log, the weight
 follower) still end the processor, for the launcher to restart it.
 
-Every record goes out through ``out``, a ``RecordSink``: the log's producer for the native
-runtime; for the faust runtime, an outbox it writes inside the Kafka transaction of the input
-record. Metrics are not part of that: they go through the component's own producer.
+Every record goes out through ``out``, a ``RecordSink``: for the native runtime its transactional
+producer, in the transaction of the poll that read the input; for the faust runtime, an outbox it
+writes inside the Kafka transaction of the input record. Metrics are not part of that: they go
+through the component's own producer.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class GroupProcessor:
         """The newest published version, once it is ``needed`` or ``VERSION_WAIT_S`` passed; the base
         checkpoint (version 0) counts as published before the trainer's first manifest."""
         follower = self.follower
-        if follower.latest_version < needed:
+        if max(follower.latest_version, 0) < needed:  # version 0 needs no waiting
             follower.wait_for(needed, timeout=VERSION_WAIT_S)
         return max(follower.latest_version, 0)
 

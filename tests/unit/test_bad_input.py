@@ -79,11 +79,12 @@ def test_bad_trajectory_is_dead_lettered_and_its_group_dropped_as_incomplete(
         topic = ctx.topics.trajectories("main")
         bad, sibling = make(ctx), Codec().encode(traj("g", 1, 0.0, size=2))
         values = [bad, sibling] if bad_first else [sibling, bad]
+        processor.transactions.begin()
         groups = [processor._add(Message(topic, 0, offset, b"g", value, 0)) for offset, value in enumerate(values)]
         assert groups[0] is None and groups[1] is not None and groups[1].failed
         assert processor._process(groups[1], 0) is False
-        assert processor.buffer.safe_offsets({0: 2}) == {0: 2}  # nothing left waiting: commit past both
-        ctx.producer.flush()
+        assert processor.buffers[0].pending == {} and processor.buffers[0].failed == {}  # nothing left waiting
+        processor.transactions.commit()
         [letter] = read(ctx, ctx.topics.deadletter(), DeadLetter)
         [stats] = read(ctx, ctx.topics.feedback(), PromptStats)
     finally:
@@ -108,13 +109,15 @@ def test_a_group_whose_every_member_is_bad_leaves_nothing_waiting(tmp_path: Path
     try:
         processor = NativeStreamProcessor(ctx, "main")
         topic = ctx.topics.trajectories("main")
+        processor.transactions.begin()
         for index in range(2):
             value = Codec().encode(traj("g", index, float("nan"), size=2))
             assert processor._add(Message(topic, 0, index, b"g", value, 0)) is None
-        assert processor.buffer.pending == {} and processor.buffer.failed == {}
+        assert processor.buffers[0].pending == {} and processor.buffers[0].failed == {}
         assert (
             processor._add(Message(topic, 0, 2, b"g", Codec().encode(traj("g", 0, 1.0, size=2)), 0)) is None
         )  # late: done
+        processor.transactions.abort()
     finally:
         ctx.close()
 

@@ -52,8 +52,9 @@ def ctx(tmp_path: Path):
 
 
 def feed_group(processor: NativeStreamProcessor, group: str, start: int) -> None:
-    """Two members of ``group`` (rewards 1, 0) through the processor as one poll would."""
+    """Two members of ``group`` (rewards 1, 0) through the processor as one poll would, in its transaction."""
     topic = processor.ctx.topics.trajectories("main")
+    processor.transactions.begin()
     accepted = []
     for index in range(2):
         value = Codec().encode(traj(group, index, float(1 - index), size=2))
@@ -61,6 +62,7 @@ def feed_group(processor: NativeStreamProcessor, group: str, start: int) -> None
         if done is not None and processor._process(done, 0):
             accepted.append(done)
     processor._emit(accepted, 0)
+    processor.transactions.commit()
 
 
 @pytest.mark.parametrize("stage", ["operator", "mixer"])

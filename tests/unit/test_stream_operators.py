@@ -110,8 +110,22 @@ def test_group_buffer_completes_groups_and_drops_duplicates() -> None:
     assert buffer.duplicates == 1
     assert buffer.add(traj("a", 1, 0.0, size=2), partition=0, offset=13) is None  # late duplicate of a done group
     assert buffer.duplicates == 2
-    # partition 1 still holds half of group b from offset 5: commit no further than that
-    assert buffer.safe_offsets({0: 14, 1: 9}) == {0: 14, 1: 5}
+    assert buffer.closed is None  # kept only for a runtime that journals them
+
+
+def test_group_buffer_keeps_closed_ids_for_a_new_buffer_to_drop_late_copies() -> None:
+    buffer = GroupBuffer(keep_closed=True)
+    buffer.add(traj("a", 0, 1.0, size=2), partition=0, offset=0, timestamp=0)
+    buffer.add(traj("b", 0, 1.0, size=2), partition=0, offset=1, timestamp=0)
+    buffer.add(traj("a", 1, 0.0, size=2), partition=0, offset=2, timestamp=0)
+    buffer.add(traj("c", 0, 1.0, size=2), partition=0, offset=3, timestamp=10_000)
+    assert [group.group_id for group in buffer.expire(timeout_ms=5_000)] == ["b"]
+    assert buffer.closed == [("a", False), ("b", True)]
+    restarted = GroupBuffer()
+    for gid, expired in buffer.closed:
+        restarted.mark_closed(gid, expired)
+    assert restarted.add(traj("a", 1, 0.0, size=2), partition=0, offset=4) is None and restarted.duplicates == 1
+    assert "b" in restarted.expired_ids and "a" not in restarted.expired_ids
 
 
 LIMITS = Limits(max_abs_reward=1e6, group_size=4, vocab_size=10, context_length=8)
@@ -386,11 +400,13 @@ def read_all(ctx: ComponentContext, topic: str, record: type) -> list:
 
 def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: ComponentContext) -> None:
     processor = NativeStreamProcessor(ctx, "main")
+    processor.transactions.begin()
     groups = [group("a", [1, 0], 5), group("b", [1, 1], 5), group("c", [0, 1], 2), group("d", [0, 1], 5)]
     accepted = [g for g in groups if processor._process(g, 5)]
     processor._emit(accepted, 5)
-    processor.buffer.duplicates = 3
+    processor._redelivered = 3
     processor._count_redeliveries(5)
+    processor.transactions.commit()
     ctx.producer.flush()
     samples = read_all(ctx, ctx.topics.samples("main"), TrainSample)
     assert sorted((s.sample_id, s.replayed) for s in samples) == [
