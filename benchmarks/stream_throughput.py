@@ -278,7 +278,13 @@ def run_variant(
     else:
         config = tmp / f"{run}.yaml"
         config.write_text(
-            yaml.safe_dump({"run": run, "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": PARTITIONS}})
+            yaml.safe_dump(
+                {
+                    "run": run,
+                    "log": {"backend": "kafka", "bootstrap": bootstrap, "partitions": PARTITIONS},
+                    "rollout": {"group_size": args.group_size},  # else every trajectory fails validation
+                }
+            )
         )
         process = subprocess.Popen(
             [

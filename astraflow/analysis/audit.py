@@ -13,7 +13,7 @@ Where each is recorded (audit reads nothing else: no component's memory, no log 
 - **dead-lettered**: a DeadLetter names the trajectory record's topic, partition and offset.
 - **pending**: not decided yet - its sample lies at or beyond the checkpointed offsets (trainer),
   or its record at or beyond the stream processors' committed offset without a fate, or in a
-  half-filled group of the faust runtime's table (stream), which commits past such records.
+  half-filled group of either stream runtime's changelog (stream), both of which commit past such records.
 - **lost**: none of these, although the stream processors committed past its record.
 
 When several fates are recorded (a group re-processed after a crash) the first of that list wins.
@@ -25,6 +25,7 @@ the mixer's intent. The trainer forgets sample ids after ``BatchAssembler``'s ``
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_right
 from collections import Counter, defaultdict
@@ -146,6 +147,22 @@ def held_by_faust_table(run: AttachedRun, policy: str) -> set[str]:
     return {entry[3].decode() for entry in entries if len(entry) == 4 and entry[1] == b"m"}
 
 
+def held_by_native_changelog(run: AttachedRun, policy: str) -> set[str]:
+    """Trajectory ids in half-filled groups of the native runtime's changelog: the newest
+    ``pending␟{partition}`` record of each input partition, a JSON list of
+    ``[group id, first timestamp, [[trajectory id, offset], ...], [[member, size], ...]]``
+    (layout in ``streams.changelog`` and ``streams.pending``)."""
+    topic = f"{run.name}.stream.{policy}.changelog"
+    if topic not in run.log.list_topics():
+        return set()
+    latest = {message.key: message.value for message in read_snapshot(run.log, topic) if message.key}
+    held = set()
+    for key, value in latest.items():
+        if key.startswith(b"pending\x1f") and value:
+            held |= {tid for _, _, members, _ in json.loads(value) for tid, _ in members}
+    return held
+
+
 def _audit_policy(
     run: AttachedRun,
     policy: str,
@@ -192,7 +209,7 @@ def _audit_policy(
         else:
             trained[tid].append(_trained_version(state, message.partition, message.offset))
 
-    held = held_by_faust_table(run, policy)
+    held = held_by_faust_table(run, policy) | held_by_native_changelog(run, policy)
     counts: dict[str, Counter] = {"trained": Counter(), "filtered": Counter(), "dead": Counter(), "pending": Counter()}
     for item, places in items.items():
         if trained[item]:

@@ -162,3 +162,18 @@ def test_a_trainer_that_recalls_ids_after_resuming_drops_the_copies(
         [main] = audit_run(run).policies
     assert main.trained_twice == [] and main.copies_dropped == 2
     assert main.lost == ["g8/0", "g8/1"]
+
+
+def test_members_of_a_group_the_native_changelog_holds_are_pending_not_lost(
+    tmp_path: Path, log_section: dict, unique: str
+) -> None:
+    run_dir, run = tmp_path / "run", f"audit{unique}"
+    record_run(run_dir, log_section, run, faulty=True)  # g8: committed past, with no fate
+    held = json.dumps([["g8", 0, [["g8/0", 12], ["g8/1", 13]], []]]).encode()
+    with open_log(log_section["backend"], path=run_dir / "log.sqlite", bootstrap=log_section.get("bootstrap")) as log:
+        with log.producer() as producer:  # what the native runtime journals for a half-filled group
+            producer.send(f"{run}.stream.main.changelog", held, key=b"pending\x1f0")
+            producer.flush()
+    with open_run(run_dir) as opened:
+        [main] = audit_run(opened).policies
+    assert main.lost == [] and main.pending == {"trainer": 2, "stream": 4}
