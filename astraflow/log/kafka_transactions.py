@@ -46,6 +46,11 @@ _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 """Delivery reports of records that ``abort`` dropped: expected, not failures."""
 
 
+SEND_OFFSETS_TIMEOUT_S = 30.0
+"""The longest ``send_offsets`` waits for the group coordinator; then it raises ``LogError`` (outcome
+unknown: the caller closes the producer and its stage restarts)."""
+
+
 class KafkaTransactionalProducer(TransactionalProducer):
     """A ``TransactionalProducer`` on one confluent-kafka producer; ``config`` comes from ``KafkaLog``."""
 
@@ -102,7 +107,10 @@ class KafkaTransactionalProducer(TransactionalProducer):
         if not offsets:
             return
         positions = [RdPartition(tp.topic, tp.partition, offset) for tp, offset in offsets.items()]
-        self._call("send_offsets", lambda: self._producer.send_offsets_to_transaction(positions, metadata))
+        self._call(  # bounded: librdkafka's default waits for ever, e.g. across a broker restart
+            "send_offsets",
+            lambda: self._producer.send_offsets_to_transaction(positions, metadata, SEND_OFFSETS_TIMEOUT_S),
+        )
 
     def commit(self, timeout: float = 30.0) -> None:
         self._require_open("commit")

@@ -308,15 +308,16 @@ class FaustStreamProcessor(GroupProcessor):
         missed = await asyncio.get_running_loop().run_in_executor(
             None, lambda: list(read_range(self.ctx.log, self.source, tp.partition, start, end))
         )
-        logger.warning(
-            "faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
-            start,
-            end - 1,
-            tp.partition,
-            len(missed),
-        )
-        self.recovered += end - start
-        self.ctx.metric(STREAM_FAUST_SKIPPED_RECORDS, self.recovered, version, policy=self.policy)
+        if missed:  # none: the gap held only transaction markers (producers write in transactions)
+            logger.warning(
+                "faust left out records %d..%d of partition %d (%d still in the log); handling them from the log",
+                start,
+                end - 1,
+                tp.partition,
+                len(missed),
+            )
+            self.recovered += len(missed)
+            self.ctx.metric(STREAM_FAUST_SKIPPED_RECORDS, self.recovered, version, policy=self.policy)
         for message in missed:
             self._handle(message, version, buffer)
         app.consumer.ack_offsets(tp, range(start, end))
