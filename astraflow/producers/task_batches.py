@@ -5,9 +5,9 @@ The transactional id is the task group's and the partition's, ``{run}.rollout.{w
 because the partition is the one identity of a producer's work that survives a restart. A
 restarted process gets a new pid, the pool starts and stops producers at any time (``astraflow
 run``, the scaler, a producer started by hand in another region), and nothing else names a
-producer; but whoever owns partition n next (the restarted process, or another member of the
-pool) opens a producer with n's id, and that fences n's previous owner: it can commit nothing of n
-any more, and its open transaction ends there. On Kafka that means at once (``init_transactions``
+producer; but whoever owns partition n next - the restarted process or another member of the pool
+- opens a producer with n's id, and that fences n's previous owner: it can commit nothing of n any
+more, and its open transaction ends there. On Kafka that means at once (``init_transactions``
 aborts it) instead of after ``transaction.timeout.ms`` (60 s) during which it would hold every
 ``read_committed`` reader of the trajectory partitions it wrote to; an id per process would leave
 that to the timeout after every crash, and one more transactional id on the brokers per process
@@ -28,16 +28,10 @@ Steps of one batch:
 4. A partition whose transaction is refused is handed back, with nothing of it visible:
    ``FencedError`` (a newer owner of the partition opened its producer; this one is closed) or
    ``TransactionAbortedError`` (the log aborted it, e.g. because the member lost the partition in
-   a rebalance). A partition that moved is redone by its new owner from the group's committed
-   offset; one this member still owns, by its own view, is sought back to that committed offset.
-   Not to the batch's first task: a member whose lease ran out while it generated may be given
-   the partition back without seeing it go, after another member committed past that task. Until
-   the group tells a fenced member that the partition moved, it opens the partition's producer
-   again at its next poll and fences the new owner in turn; the group refuses the offsets of
-   whichever is not the owner (Kafka's generation check, the embedded log's leases), so neither
-   commits a task twice, and the next rebalance settles it.
-   Any other failure (a record the log refuses, a commit whose outcome the log could not tell)
-   ends the producer, and its restart redoes the batch.
+   a rebalance). A partition still owned is sought back to the batch's first task, the group's
+   committed offset, so its tasks are redone at the next poll; one that moved is redone by its new
+   owner from that committed offset. Any other failure (a record the log refuses, a commit whose
+   outcome the log could not tell) ends the producer, and its restart redoes the batch.
 """
 
 from __future__ import annotations
@@ -66,12 +60,13 @@ class TaskBatch:
             self.outboxes[message.partition] = Outbox(self._ctx)
         return self.outboxes[message.partition]
 
-    def ends(self) -> dict[int, int]:
-        """Per partition of the batch, the offset after its last task: the group's next offset."""
-        ends: dict[int, int] = {}
+    def span(self) -> dict[int, tuple[int, int]]:
+        """Per partition: the offset of the batch's first task, and the offset after its last."""
+        spans: dict[int, tuple[int, int]] = {}
         for message in self.messages:
-            ends[message.partition] = max(ends.get(message.partition, 0), message.offset + 1)
-        return ends
+            first, after = spans.get(message.partition, (message.offset, message.offset + 1))
+            spans[message.partition] = (min(first, message.offset), max(after, message.offset + 1))
+        return spans
 
 
 class TaskBatches:
@@ -97,18 +92,18 @@ class TaskBatches:
 
     def commit(self, batch: TaskBatch) -> None:
         """Steps 3 and 4: commit each partition's records with its offsets, or hand the partition back."""
-        for partition, after in sorted(batch.ends().items()):
+        for partition, (first, after) in sorted(batch.span().items()):
             try:
                 self._commit(partition, batch.outboxes.get(partition), after)
             except FencedError as exc:
                 self._producers.pop(partition).close()
                 logger.warning("tasks partition %d has a newer owner; its tasks are handed back: %s", partition, exc)
-                self._redo(partition)
+                self._redo(partition, first)
             except TransactionAbortedError as exc:
                 logger.warning(
                     "the transaction of tasks partition %d was aborted; its tasks are redone: %s", partition, exc
                 )
-                self._redo(partition)
+                self._redo(partition, first)
 
     def close(self) -> None:
         """Close the transactional producers (no transaction is open between batches), then leave the group."""
@@ -127,16 +122,11 @@ class TaskBatches:
         producer.send_offsets(self._consumer, {TopicPartition(self._topic, partition): after})
         producer.commit()
 
-    def _redo(self, partition: int) -> None:
-        """Read the partition again from the group's committed offset, if it is still this member's."""
+    def _redo(self, partition: int, first: int) -> None:
+        """Read the partition again from the batch's first task, if it is still this member's."""
         tp = TopicPartition(self._topic, partition)
-        if tp not in self._consumer.assignment():
-            return
-        offset = self._consumer.committed([tp])[tp]
-        if offset is None:
-            self._consumer.seek_to_beginning([tp])
-        else:
-            self._consumer.seek(tp, offset)
+        if tp in self._consumer.assignment():
+            self._consumer.seek(tp, first)
 
     def _follow_assignment(self) -> None:
         owned = {tp.partition for tp in self._consumer.assignment()}
