@@ -34,6 +34,12 @@ class WatchedConsumer:
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
+    def __enter__(self) -> "WatchedConsumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
+
 
 class WatchedLog:
     def __init__(self, inner: Log, error: BaseException = INJECTED) -> None:
