@@ -71,3 +71,8 @@ class WeightsError(AstraFlowError):
 
 class WeightFollowerError(AstraFlowError):
     """A weight follower's thread stopped on an error, so the weights its owner holds would never change again."""
+
+
+def error_reason(exc: BaseException) -> str:
+    """``error: <type>: <text>``: the dead-letter reason of a record or group whose handling raised."""
+    return f"error: {type(exc).__name__}: {exc}"

@@ -34,7 +34,7 @@ import time
 from collections import OrderedDict
 
 from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError, LogError, NonFiniteStepError
+from astraflow.errors import AstraFlowError, LogError, NonFiniteStepError, error_reason
 from astraflow.log import Message, TopicPartition
 from astraflow.metric_names import TRAIN_REJECTED_SAMPLES, TRAIN_SKIPPED_STEPS, TRAIN_VERSION, train_metric
 from astraflow.models.base import base_checkpoint_path, model_limits
@@ -197,7 +197,7 @@ class Trainer:
         try:
             problem = self._problem(sample)
         except Exception as exc:  # a check that raises rejects this sample, never the trainer
-            problem, error = f"error: {type(exc).__name__}: {exc}", exc
+            problem, error = error_reason(exc), exc
         else:
             error = None
         if problem is None:

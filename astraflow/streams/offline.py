@@ -33,7 +33,7 @@ from pathlib import Path
 from astraflow.attach import open_run
 from astraflow.config import RunConfig
 from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError, ConfigError, LogError
+from astraflow.errors import AstraFlowError, ConfigError, LogError, error_reason
 from astraflow.log import Log, TopicPartition
 from astraflow.metric_names import STREAM_OFFLINE_GROUPS, STREAM_OFFLINE_USED_UP, stream_offline_dropped
 from astraflow.schemas.records import Trajectory
@@ -148,7 +148,7 @@ class OfflineSource:
             )
         except Exception as exc:  # an operator that raises drops this group, never the processor
             logger.exception("stream operator failed on offline group %s", group.group_id)
-            reason = f"error: {type(exc).__name__}: {exc}"
+            reason = error_reason(exc)
         if reason is not None:
             kind = reason.split(":", 1)[0]
             self.drops[kind] += 1

@@ -40,7 +40,7 @@ from typing import Protocol
 import numpy as np
 
 from astraflow.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
-from astraflow.errors import AstraFlowError, WeightFollowerError
+from astraflow.errors import AstraFlowError, WeightFollowerError, error_reason
 from astraflow.log import Message
 from astraflow.metric_names import (
     STREAM_ACCEPTED_GROUPS,
@@ -62,11 +62,6 @@ VERSION_WAIT_S = 2.0
 """How long a trajectory whose tokens name a version this processor has not seen published waits
 for the weight follower to see it, before it is dead-lettered: the producer and this processor read
 the manifests independently, so the producer may see a new version a moment sooner."""
-
-
-def error_reason(exc: BaseException) -> str:
-    """``error: <type>: <text>``: the drop reason of a record or group whose handling raised."""
-    return f"error: {type(exc).__name__}: {exc}"
 
 
 class RecordSink(Protocol):
