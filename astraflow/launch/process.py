@@ -3,7 +3,8 @@
 Every ``astraflow <component>`` command goes through ``run_component``: it resolves the config
 (YAML plus command-line overrides), opens the component's context on the run's log, and runs the
 component's loop until SIGTERM/SIGINT sets the stop event, then closes the producer (flushing
-whatever is queued) and the log. Components never install signal handlers themselves.
+whatever is queued) and the log. Components never install signal handlers themselves. A component
+whose log client is stuck in a call that never returned exits at once instead (``exit_if_stuck``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from astraflow.config import RunConfig, load_config
 from astraflow.context import ComponentContext
+from astraflow.log import stuck_clients
 from astraflow.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -70,4 +72,15 @@ def run_component(name: str, config: RunConfig, run_dir: Path, body: Callable[..
     try:
         body(ctx, stop)
     finally:
+        exit_if_stuck(name)
         ctx.close()
+
+
+def exit_if_stuck(name: str) -> None:
+    """End the process now if a log client is stuck in a call (``log.stuck_clients``): closing the
+    context would wait on that call for ever. Exit status 1, so the launcher restarts the component."""
+    stuck = stuck_clients.stuck()
+    if stuck:
+        logger.error("%s exits without closing its log: %s never returned", name, "; ".join(stuck))
+        logging.shutdown()
+        os._exit(1)

@@ -22,10 +22,19 @@ How the contract of ``TransactionalProducer`` (``base.py``) maps onto librdkafka
    others) from the call that meets it, and again from every later call.
 6. ``abort`` is ``abort_transaction``, which drops what is still queued; ``close`` aborts an
    open transaction. Delivery reports of an earlier transaction never count against a later one.
+7. ``send_offsets_to_transaction`` can ignore its timeout and wait for ever: librdkafka keeps a
+   group coordinator it lost cached and never looks for the new one (librdkafka issues #5456 and
+   #5511, open at 2.16; met here after a single broker restarted). So it runs on a watcher thread:
+   past its timeout and a grace, the producer is abandoned - ``LogError`` now and from every later
+   call, ``close`` does nothing, and the client is kept in ``stuck_clients`` so that no destructor
+   waits on the hung call. The stage exits (``launch.process.run_component`` ends the process
+   without closing the log) and restarts; its new producer with the same id fences the old one and
+   ends the open transaction. The caller's thread stays free meanwhile, so a stop signal is heard.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -36,6 +45,7 @@ from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdPartition
 
 from astraflow.errors import FencedError, LogError, TransactionAbortedError
+from astraflow.log import stuck_clients
 from astraflow.log.base import Consumer, TopicPartition, TransactionalProducer
 from astraflow.log.kafka_consumer import KafkaConsumer
 from astraflow.log.kafka_producer import delivery_error, produce
@@ -49,6 +59,8 @@ _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 SEND_OFFSETS_TIMEOUT_S = 30.0
 """The longest ``send_offsets`` waits for the group coordinator; then it raises ``LogError`` (outcome
 unknown: the caller closes the producer and its stage restarts)."""
+GRACE_S = 5.0
+"""How much longer than its own timeout a librdkafka call may take before the producer is abandoned."""
 
 
 class KafkaTransactionalProducer(TransactionalProducer):
@@ -107,9 +119,12 @@ class KafkaTransactionalProducer(TransactionalProducer):
         if not offsets:
             return
         positions = [RdPartition(tp.topic, tp.partition, offset) for tp, offset in offsets.items()]
-        self._call(  # bounded: librdkafka's default waits for ever, e.g. across a broker restart
+        self._call(
             "send_offsets",
-            lambda: self._producer.send_offsets_to_transaction(positions, metadata, SEND_OFFSETS_TIMEOUT_S),
+            lambda: self._watched(
+                "send_offsets",
+                lambda: self._producer.send_offsets_to_transaction(positions, metadata, SEND_OFFSETS_TIMEOUT_S),
+            ),
         )
 
     def commit(self, timeout: float = 30.0) -> None:
@@ -147,6 +162,35 @@ class KafkaTransactionalProducer(TransactionalProducer):
                 self.abort()
         finally:
             self._closed = True
+
+    def _watched(self, doing: str, call: Callable[[], Any]) -> None:
+        """Run ``call`` on a watcher thread; if it has not returned ``SEND_OFFSETS_TIMEOUT_S`` + ``GRACE_S``
+        later, abandon the producer (step 7): raise ``LogError`` now and from every later call."""
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                call()
+                outcome.append(None)
+            except BaseException as exc:  # handed to the caller's thread below
+                outcome.append(exc)
+
+        watcher = threading.Thread(target=run, name=f"{self._id}.{doing}", daemon=True)
+        watcher.start()
+        watcher.join(SEND_OFFSETS_TIMEOUT_S + GRACE_S)
+        if watcher.is_alive():
+            self._open = False
+            self._broken = LogError(
+                f"transactional producer {self._id!r}: {doing} did not return within"
+                f" {SEND_OFFSETS_TIMEOUT_S + GRACE_S:.0f} s although bounded to {SEND_OFFSETS_TIMEOUT_S:.0f} s"
+                " (librdkafka keeps waiting for a group coordinator it lost, e.g. across a broker restart);"
+                " the producer is abandoned: its stage must exit, and a new producer with the same id ends"
+                " the open transaction"
+            )
+            stuck_clients.note(f"transactional producer {self._id!r} in {doing}", self._producer)
+            raise self._broken
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def _end_aborted(self, deadline: float, cause: KafkaError | None) -> NoReturn:
         """Abort after an abortable error and raise what it was (step 4)."""
