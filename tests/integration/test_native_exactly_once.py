@@ -21,12 +21,15 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import parse_config
+from astraflow.consumers.trainer import BatchAssembler
 from astraflow.context import ComponentContext
 from astraflow.errors import TransactionAbortedError
 from astraflow.log import Log, TopicPartition, TransactionalProducer
 from astraflow.metric_names import STREAM_REWINDS
 from astraflow.schemas.records import Metric, PromptStats, TrainSample
+from astraflow.streams import changelog
 from astraflow.streams.native import NativeStreamProcessor
+from astraflow.streams.operators import GroupBuffer
 from astraflow.streams.pending import read_range
 from tests.unit.test_stream_operators import traj
 
@@ -274,3 +277,40 @@ def test_a_restarted_processor_emits_what_an_uninterrupted_one_would(make_ctx) -
     whole, restarted = outputs
     assert any(replayed for _, _, replayed in whole) and len({a for _, a, _ in whole}) > 4
     assert restarted == whole
+
+
+def test_a_copy_further_apart_than_any_id_window_is_never_trained_twice(make_ctx, monkeypatch) -> None:
+    """Exactly once by construction, not by id memories: with every memory of ids cut to one (the
+    stream's completed groups, the changelog's window of closed ids, the trainer's taken samples),
+    a processor that sees the issue's split group, is killed between sending and committing, and
+    restarts, still hands the trainer each sample once - where the memories once were what dropped
+    the copies a restart re-emitted, and copies further apart than them were trained twice."""
+    monkeypatch.setattr(changelog, "CLOSED_SLOTS", 1)
+    monkeypatch.setattr(GroupBuffer.__init__, "__defaults__", (1, False))
+    ctx = make_ctx()
+    log = ctx.log
+    killing = ctx.log = KillingLog(log, f"{ctx.config.run}.stream.main")
+    later = [("H", 1, 0.0)] + [(f"k{g}", i, float(i)) for g in range(20) for i in range(2)]
+    try:
+        write(ctx, split_input())
+        with running(NativeStreamProcessor(ctx, "main")) as failures:
+            wait_for(lambda: committed(ctx) == 31, "the split group's commit", failures)
+            killing.armed = True
+            write(ctx, later)
+            wait_for(lambda: bool(failures), "the kill", failures=[])
+        assert isinstance(failures[0], Killed)
+    finally:
+        ctx.log = log
+    with running(NativeStreamProcessor(ctx, "main")) as failures:
+        wait_for(lambda: committed(ctx) == 31 + len(later), "the restarted processor's commit", failures)
+
+    topic = ctx.topics.samples("main")
+    assembler = BatchAssembler(batch_samples=4, group_size=2, remember=1)
+    for message in read_range(ctx.log, topic, 0, 0, ctx.log.end_offsets(topic).get(0, 0)):
+        assembler.add(ctx.codec.decode(message.value, expect=TrainSample), message)
+    trained: Counter[str] = Counter()
+    while (batch := assembler.take()) is not None:
+        trained.update(sample.sample_id for sample, _ in batch if sample is not None)
+    groups = ["G", "H"] + [f"f{g}" for g in range(14)] + [f"k{g}" for g in range(20)]
+    assert assembler.duplicates == 0
+    assert trained == Counter(f"{group}/{index}" for group in groups for index in range(2))
