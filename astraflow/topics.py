@@ -17,6 +17,9 @@ from astraflow.log import Log, TopicSpec
 WEIGHTS_MANIFEST_PARTITION = 0
 WEIGHTS_CHUNK_PARTITION = 1
 MiB = 1024 * 1024
+CHANGELOG_SEGMENT_MS = 60_000
+"""A stream changelog rolls its Kafka segment every minute, so compaction keeps what a restarted
+processor reads near the newest value of each key (``TopicSpec.segment_ms``)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,13 @@ class RunTopics:
                 TopicSpec(self.trajectories(policy), partitions=partitions),
                 TopicSpec(self.samples(policy), partitions=1),
                 TopicSpec(self.weights(policy), partitions=2, max_message_bytes=chunk_bytes + MiB),
-                TopicSpec(self.stream_changelog(policy), partitions=1, compacted=True, max_message_bytes=32 * MiB),
+                TopicSpec(
+                    self.stream_changelog(policy),
+                    partitions=1,
+                    compacted=True,
+                    max_message_bytes=32 * MiB,
+                    segment_ms=CHANGELOG_SEGMENT_MS,
+                ),
             ]
         return specs
 

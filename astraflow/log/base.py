@@ -42,6 +42,10 @@ class TopicSpec:
     """Keep only the newest record per key (used for the schema topic)."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest record the topic accepts."""
+    segment_ms: int | None = None
+    """Kafka: roll the topic's active segment at least this often (``None``: the broker's default,
+    7 days). Kafka never compacts the active segment, so a compacted topic written all the time
+    (a changelog) needs it short for its old values to go; the embedded log compacts at once."""
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,10 @@ class KafkaLog(Log):
             "retention.ms": str(-1 if spec.retention_ms is None else spec.retention_ms),
             "max.message.bytes": str(spec.max_message_bytes),
         }
+        if spec.segment_ms is not None:
+            config["segment.ms"] = str(spec.segment_ms)
+            # a segment must hold the largest record batch; the default (1 GiB) already does
+            config["segment.bytes"] = str(max(spec.max_message_bytes, 16 * 1024 * 1024))
         future = self._admin.create_topics(
             [NewTopic(spec.name, spec.partitions, config=config)], request_timeout=_TIMEOUT_S
         )[spec.name]
@@ -113,6 +117,7 @@ class KafkaLog(Log):
             retention_ms=None if retention < 0 else retention,
             compacted="compact" in config["cleanup.policy"].value,
             max_message_bytes=int(config["max.message.bytes"].value),
+            segment_ms=None if config["segment.ms"].is_default else int(config["segment.ms"].value),
         )
 
     def list_topics(self) -> list[str]:

@@ -2,12 +2,14 @@
 
 - seeks made in subscribe mode before the group has assigned anything (librdkafka refuses them,
   ``KafkaConsumer`` defers them to the assignment);
-- topic settings mapped to and from Kafka topic configs;
+- topic settings mapped to and from Kafka topic configs, and a compacted topic's active segment
+  rolled (``segment_ms``) so that its newest records are compacted too;
 - keyed records land where Java clients (Kafka Streams, faust, the console tools) put them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -65,16 +67,40 @@ def test_seek_before_the_group_assigns(kafka_log: KafkaLog, unique: str, seek: s
     "spec",
     [
         TopicSpec("compacted", partitions=1, compacted=True, max_message_bytes=1024 * 1024),
+        TopicSpec("changelog", partitions=1, compacted=True, segment_ms=60_000),
         TopicSpec("retained", partitions=2, retention_ms=3_600_000),
         TopicSpec("forever", partitions=3, retention_ms=None, max_message_bytes=10 * 1024 * 1024),
     ],
 )
 def test_topic_spec_round_trips(kafka_log: KafkaLog, unique: str, spec: TopicSpec) -> None:
-    named = TopicSpec(
-        f"kafka.spec.{spec.name}.{unique}", spec.partitions, spec.retention_ms, spec.compacted, spec.max_message_bytes
-    )
+    named = dataclasses.replace(spec, name=f"kafka.spec.{spec.name}.{unique}")
     kafka_log.create_topic(named)
     assert kafka_log.describe_topic(named.name) == named
+
+
+def test_a_compacted_topic_that_rolls_its_segment_keeps_only_new_values(kafka_log: KafkaLog, unique: str) -> None:
+    """Kafka never compacts the active segment: without ``segment_ms`` a changelog written all the
+    time would keep every value it ever had, which a restarted stream processor reads through.
+    Writes go on (one value of key ``k`` per poll) until the segment rolled and the cleaner ran."""
+    topic = f"kafka.rolled.{unique}"
+    kafka_log.create_topic(TopicSpec(topic, compacted=True, segment_ms=1000))
+    tp = TopicPartition(topic, 0)
+    written = 0
+    deadline = time.monotonic() + 120
+    with kafka_log.producer() as producer, kafka_log.consumer() as reader:
+        while True:
+            for _ in range(50):
+                producer.send(topic, f"v{written}".encode(), key=b"k", partition=0)
+                written += 1
+            producer.flush()
+            reader.assign([tp])
+            reader.seek(tp, 0)
+            values = [m.value for m in first_records(reader, written, timeout=2.0)]
+            if len(values) < written:  # compacted: the old values are gone
+                break
+            assert time.monotonic() < deadline, f"no compaction of {written} values within 120 s"
+    assert values[-1] == f"v{written - 1}".encode()
+    assert len(values) <= written - 50
 
 
 def java_partition(key: bytes, partitions: int) -> int:
