@@ -8,23 +8,31 @@ Steps of one iteration (what makes it lose nothing):
 2. Poll up to ``prompts_per_generation`` tasks from ``{run}.tasks.{workflow}`` as a member of the
    producers' consumer group (joining or leaving rebalances the partitions: elastic rollout).
 3. Run the configured ``Workflow`` on the batch (``workflows.py``: generation, turns, rewards; a
-   task whose reward raises is dead-lettered, never given a silent zero), and send its
-   Trajectory records keyed by group id. Trajectory ids are ``{task_id}/{sample}``: deterministic,
-   so a task redone after a crash yields the same ids and the stream drops the duplicates. A task
-   with a trajectory over its topic's record limit is dead-lettered whole (``send_outcome``).
-4. Flush (every trajectory acknowledged), and only then commit the task offsets.
+   task whose reward raises is dead-lettered, never given a silent zero), and put its Trajectory
+   records, keyed by group id, and its dead letters into the outbox of the task's partition
+   (``task_batches.py``). Trajectory ids are ``{task_id}/{sample}``: deterministic, so a task redone
+   yields the same ids. A task with a trajectory over its topic's record limit is dead-lettered
+   whole (``send_outcome``).
+4. Commit, per tasks partition of the batch, one transaction: the outbox's records and the offset
+   after the partition's last task become visible together, or nothing of them (a crash, an abort,
+   a newer owner of the partition). So each task's trajectories become visible exactly once: a
+   task is redone only when nothing of it was committed. The transactional id is the partition's
+   (``TaskBatches``): whoever owns the partition next fences this producer. A partition whose
+   transaction is refused is handed back and its tasks are redone from the committed offset.
 
 The producer holds one engine and one ``WeightFollower`` per policy the workflow involves, and
 sends each trajectory to its own policy's topic. In ``mode: lockstep`` it waits, before step 3,
-until each engine holds the version its tasks were released at.
+until each engine holds the version its tasks were released at. Metrics go through the
+component's plain producer, flushed after each batch, outside the transactions.
 
 Joining and leaving (elastic rollout): a producer started late first takes in every weight
 version published before it started (``WeightFollower.wait_caught_up``; it waits as long as that
 takes, or until it is stopped) and only then joins the task group, so its first generation
 already uses the current version. A stop signal ends the loop after the current iteration: the
-batch in hand is finished, flushed and committed (step 4), then the consumer leaves the group and
-its partitions move to the remaining producers at their next poll. A commit refused because of a
-rebalance hands the batch back: the new owner redoes it and the stream drops the duplicates.
+batch in hand is finished and committed (step 4), then the consumer leaves the group and its
+partitions move to the remaining producers at their next poll. A transaction refused because of a
+rebalance hands the partition's tasks back: the new owner redoes them, and nothing of the first
+attempt is visible.
 
 Every trajectory records the producer id, its region and its hardware (``--region``,
 ``--hardware``); the per-batch metrics carry the same labels, plus the cumulative counters
@@ -43,7 +51,7 @@ import numpy as np
 
 from astraflow.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
 from astraflow.engines import build_engine
-from astraflow.errors import AstraFlowError, LogError, RecordTooLargeError
+from astraflow.errors import AstraFlowError, RecordTooLargeError
 from astraflow.metric_names import (
     ROLLOUT_BUSY_SECONDS,
     ROLLOUT_MEAN_REWARD,
@@ -53,6 +61,8 @@ from astraflow.metric_names import (
     ROLLOUT_WEIGHTS_APPLIED_MS,
 )
 from astraflow.models.base import base_checkpoint_path
+from astraflow.producers.outbox import Outbox
+from astraflow.producers.task_batches import TaskBatch, TaskBatches
 from astraflow.producers.workflows.base import Provenance, TaskOutcome
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.rundir import RunDir
@@ -110,42 +120,45 @@ class RolloutProducer:
             for follower in followers.values():
                 follower.close()
             return
-        consumer = ctx.log.consumer(group_id=f"{cfg.run}.rollout.{cfg.workflow}")
-        consumer.subscribe([ctx.topics.tasks()])
+        batches = TaskBatches(ctx, f"{cfg.run}.rollout.{cfg.workflow}")
         try:
             while not stop.is_set():
                 for policy, follower in followers.items():
                     self._refresh(policy, follower)
-                messages = consumer.poll(max_records=cfg.rollout.prompts_per_generation, timeout=0.5)
-                tasks = []
-                for message in messages:
-                    try:
-                        task = ctx.codec.decode(message.value, expect=RolloutTask)
-                    except AstraFlowError as exc:
-                        ctx.dead_letter(message, f"undecodable task: {exc}", exc)
-                        continue
-                    problem = task_problem(task, self.engines)
-                    if problem is not None:
-                        ctx.dead_letter(message, f"invalid task {task.task_id}: {problem}")
-                        continue
-                    tasks.append(task)
+                batch = batches.poll(cfg.rollout.prompts_per_generation, timeout=0.5)
+                tasks = self._runnable(batch)
                 if tasks:
-                    self._await_versions(tasks, followers, stop)
+                    self._await_versions([task for task, _ in tasks], followers, stop)
                     self._produce(tasks, followers)
-                if messages:
-                    ctx.producer.flush()
-                    try:
-                        consumer.commit()
-                    except LogError as exc:
-                        logger.warning("task commit rejected after a rebalance; the new owner redoes them: %s", exc)
+                if batch.messages:
+                    batches.commit(batch)
+                    ctx.producer.flush()  # the batch's metrics
         finally:
             for follower in followers.values():
                 follower.close()
-            consumer.close()
+            batches.close()
         logger.info(
-            "left the rollout pool: last batch flushed and committed, %d trajectories in all",
+            "left the rollout pool: last batch committed, %d trajectories made in all",
             sum(self.trajectories.values()),
         )
+
+    def _runnable(self, batch: TaskBatch) -> list[tuple[RolloutTask, Outbox]]:
+        """The batch's tasks that can be run, each with the outbox of its partition; the others are
+        dead-lettered into that outbox (step 3)."""
+        tasks = []
+        for message in batch.messages:
+            outbox = batch.outbox(message)
+            try:
+                task = self.ctx.codec.decode(message.value, expect=RolloutTask)
+            except AstraFlowError as exc:
+                outbox.dead_letter(message, f"undecodable task: {exc}", exc)
+                continue
+            problem = task_problem(task, self.engines)
+            if problem is not None:
+                outbox.dead_letter(message, f"invalid task {task.task_id}: {problem}")
+                continue
+            tasks.append((task, outbox))
+        return tasks
 
     def _await_versions(
         self, tasks: list[RolloutTask], followers: dict[str, WeightFollower], stop: threading.Event
@@ -204,15 +217,17 @@ class RolloutProducer:
                 outcomes.append(TaskOutcome(task, [], exc))
         return outcomes
 
-    def _produce(self, tasks: list[RolloutTask], followers: dict[str, WeightFollower]) -> None:
+    def _produce(self, tasks: list[tuple[RolloutTask, Outbox]], followers: dict[str, WeightFollower]) -> None:
         ctx = self.ctx
         started = time.perf_counter()
         rewards: dict[str, list[float]] = {policy: [] for policy in self.engines}
-        for outcome in self._run(tasks):
+        outboxes = {task.task_id: outbox for task, outbox in tasks}
+        for outcome in self._run([task for task, _ in tasks]):
+            outbox = outboxes[outcome.task.task_id]
             try:
-                sent = send_outcome(ctx, outcome)
+                sent = send_outcome(ctx, outcome, outbox)
             except Exception as exc:  # e.g. a trajectory the codec cannot encode: the task fails, not the producer
-                ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {exc}", exc)
+                outbox.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {exc}", exc)
                 sent = []
             for trajectory in sent:
                 rewards[trajectory.policy].append(trajectory.reward)
@@ -242,25 +257,27 @@ def task_problem(task: RolloutTask, engines: dict) -> str | None:
     return None
 
 
-def send_outcome(ctx: ComponentContext, outcome: TaskOutcome) -> list[Trajectory]:
+def send_outcome(ctx: ComponentContext, outcome: TaskOutcome, outbox: Outbox | None = None) -> list[Trajectory]:
     """Send a task's trajectories to their policies' topics and return them; or dead-letter the task
     (its workflow failed, or one of its trajectories is over its topic's record limit) and return none.
 
-    A task is dead-lettered whole so that no group waits for a member that never comes, and an
-    over-size trajectory never reaches the flush, where it would fail the batch at every restart.
+    The records go to ``outbox``, to be committed with the task's offset; without one, straight to
+    the component's producer. A task is dead-lettered whole so that no group waits for a member that
+    never comes, and an over-size trajectory never reaches the commit, where it would fail the batch
+    at every restart.
     """
+    send = ctx.producer.send if outbox is None else outbox.send
+    dead_letter = ctx.dead_letter if outbox is None else outbox.dead_letter
     if outcome.error is not None:
-        ctx.dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {outcome.error}", outcome.error)
+        dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {outcome.error}", outcome.error)
         return []
     records = [(trajectory, ctx.codec.encode(trajectory)) for trajectory in outcome.trajectories]
     for trajectory, value in records:
         too_large = ctx.oversize(ctx.topics.trajectories(trajectory.policy), value, SAMPLE_HEADROOM_BYTES)
         if too_large is not None:
             reason = f"trajectory {trajectory.trajectory_id}: {too_large}"
-            ctx.dead_letter(
-                None, f"workflow failed for task {outcome.task.task_id}: {reason}", RecordTooLargeError(reason)
-            )
+            dead_letter(None, f"workflow failed for task {outcome.task.task_id}: {reason}", RecordTooLargeError(reason))
             return []
     for trajectory, value in records:
-        ctx.producer.send(ctx.topics.trajectories(trajectory.policy), value, key=trajectory.group_id.encode())
+        send(ctx.topics.trajectories(trajectory.policy), value, key=trajectory.group_id.encode())
     return [trajectory for trajectory, _ in records]
