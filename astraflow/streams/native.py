@@ -9,7 +9,11 @@ together, or not at all. Steps of one iteration:
 1. Poll up to ``POLL_RECORDS`` trajectory records. A partition newly assigned gets its
    ``GroupBuffer`` back from the changelog (``streams.changelog``): its half-filled groups,
    re-read from the records they point at (``streams.pending``), and the ids of its recently
-   closed groups. Begin a transaction.
+   closed groups. Begin a transaction, and send the positions after the poll as the group's
+   offsets in it. The offsets are the positions, not the first record of a half-filled group:
+   its members are in the changelog, so no record is read twice, and a group split across a
+   commit completes after a restart. They go first so that their round trips to the group
+   coordinator come before the outputs are written, not between the outputs and the commit.
 2. Admit each record into its partition's buffer: a record that does not decode or fails a check
    (``schemas.validation``) is dead-lettered and counts as a failed member of its group (the
    record key names the group when the bytes do not); a duplicate trajectory id, or a late copy
@@ -25,9 +29,7 @@ together, or not at all. Steps of one iteration:
    of the groups closed, the ``state_dict`` of each stateful operator (reward-normalisation
    statistics, the REINFORCE++ window, the replay buffer with its credit and random generator),
    and the log time.
-6. Send the positions after the poll as the group's offsets, and commit. The offsets are the
-   positions, not the first record of a half-filled group: its members are in the changelog, so
-   no record is read twice, and a group split across a commit completes after a restart.
+6. Commit, as soon as the poll's groups are emitted and journaled.
 
 A crash leaves nothing of the open transaction visible. The restarted processor's transactional
 producer (id ``{run}.stream.{policy}``: one processor per policy, as ``astraflow run`` starts it)
@@ -121,9 +123,9 @@ class NativeStreamProcessor(GroupProcessor):
                 self.ctx.producer.flush()  # the metrics of the last poll, while the log is idle
                 continue
             self.transactions.begin()
-            self._handle(messages, version, offline_sources)
             polled = {TopicPartition(self.source, message.partition) for message in messages}
             self.transactions.send_offsets(consumer, {tp: consumer.position(tp) for tp in polled})
+            self._handle(messages, version, offline_sources)
             self.transactions.commit()
             self.changelog.committed()
             for offline in offline_sources:  # every offline sample sent before is committed now
