@@ -2,8 +2,9 @@
 .PHONY: demo test
 
 # The main job: a small RL run on the embedded log that visibly learns (~10 min on 2 cores).
+# The monitor extra writes its TensorBoard events and serves `astraflow metrics serve`.
 demo:
-	scripts/setup.sh
+	scripts/setup.sh monitor
 	.venv/bin/astraflow run examples/math/config.yaml --run-dir runs/demo
 
 # Lint (ruff, import-linter's layer contracts), then the test suite; it starts a real Apache Kafka
