@@ -7,6 +7,10 @@ Every record also carries the label ``instance`` (the emitting process); other l
 per name. Names built from a part known only at run time (a trainer figure, a drop kind, a
 system-evaluation figure) have a prefix constant, for readers, and a function that builds them.
 
+``kind(name)`` says how exporters (``astraflow metrics serve``, TensorBoard) treat a name: a
+``counter`` (a cumulative count, per emitting process), a ``histogram`` (one record per event,
+whose distribution matters; ``histogram_buckets`` gives its bucket bounds) or a ``gauge``.
+
 This module imports nothing from ``astraflow``: it is at the bottom of the layers.
 """
 
@@ -239,3 +243,54 @@ def stream_offline_dropped(kind: str) -> str:
 def eval_system(name: str) -> str:
     """``eval.system.<name>``: one figure of the system evaluator (a ``SystemAccuracy`` field)."""
     return EVAL_SYSTEM_PREFIX + name
+
+
+_COUNTERS = frozenset(
+    {
+        FEEDER_SUBMITTED,
+        FEEDER_SKIPPED,
+        ROLLOUT_BUSY_SECONDS,
+        ROLLOUT_TRAJECTORIES,
+        STREAM_ACCEPTED_GROUPS,
+        STREAM_REPLAYED_GROUPS,
+        STREAM_OFFLINE_GROUPS,
+        STREAM_FAUST_SKIPPED_RECORDS,
+        STREAM_REWINDS,
+        TRAIN_SAMPLES,
+        TRAIN_SKIPPED_STEPS,
+        TRAIN_REJECTED_SAMPLES,
+        LAUNCHER_RESTARTS,
+    }
+)
+"""The names whose value is a cumulative count (of one emitting process, or kept across its restarts)."""
+
+_COUNTER_PREFIXES = (STREAM_DROPPED_PREFIX, STREAM_OFFLINE_DROPPED_PREFIX)
+"""Prefixes whose built names are all cumulative counts."""
+
+_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_HISTOGRAMS: dict[str, tuple[float, ...]] = {
+    STREAM_GROUP_REWARD: (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0),
+    STREAM_STALENESS: (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0),
+    ROLLOUT_WEIGHTS_APPLIED_MS: (10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0),
+    TRAIN_STEP_SECONDS: _SECONDS_BUCKETS,
+    TRAIN_WAIT_SECONDS: _SECONDS_BUCKETS,
+    EVAL_SECONDS: _SECONDS_BUCKETS,
+}
+"""The names recorded once per event (a group, a weight version applied, a step, an evaluation),
+with the upper bounds of their histogram buckets in the metric's unit; none is negative, as
+Prometheus keeps no sum or count of a histogram with negative buckets (a negative reward falls in
+the first bucket)."""
+
+
+def kind(name: str) -> str:
+    """``counter``, ``histogram`` or ``gauge``: how an exporter presents metric ``name``."""
+    if name in _COUNTERS or name.startswith(_COUNTER_PREFIXES):
+        return "counter"
+    if name in _HISTOGRAMS:
+        return "histogram"
+    return "gauge"
+
+
+def histogram_buckets(name: str) -> tuple[float, ...]:
+    """The bucket upper bounds of a ``histogram`` name (``+Inf`` is implied)."""
+    return _HISTOGRAMS[name]

@@ -143,3 +143,38 @@ def test_names_are_not_spelled_outside_the_catalogue() -> None:
             if isinstance(node, ast.Constant) and node.value in catalogue:
                 found.append(f"{where}:{node.lineno}: {node.value!r}")
     assert not found, "\n".join(found)
+
+
+def docstrings() -> dict[str, str]:
+    """Each constant of the catalogue and its docstring."""
+    body = ast.parse(Path(metric_names.__file__).read_text()).body
+    found = {}
+    for statement, following in zip(body, body[1:]):
+        if isinstance(statement, ast.Assign) and isinstance(following, ast.Expr):
+            for target in statement.targets:
+                if isinstance(target, ast.Name) and isinstance(following.value, ast.Constant):
+                    found[target.id] = str(following.value.value)
+    return found
+
+
+def test_a_name_is_a_counter_exactly_when_its_docstring_says_it_counts_up() -> None:
+    """Exporters take a name's kind from ``metric_names.kind``; its docstring is what a reader sees."""
+    docs = docstrings()
+    for constant, value in constants().items():
+        name = value + "part" if constant.endswith("_PREFIX") else value
+        counts_up = "so far" in docs[constant] or "cumulative" in docs[constant]
+        if constant in ("TRAIN_PREFIX", "EVAL_SYSTEM_PREFIX", "ROLLOUT_PREFIX"):
+            continue  # prefixes of names of every kind
+        assert (metric_names.kind(name) == "counter") == counts_up, f"{constant}: {metric_names.kind(name)}"
+
+
+def test_histograms_have_rising_buckets_and_gauges_are_the_rest() -> None:
+    histograms = [value for value in names().values() if metric_names.kind(value) == "histogram"]
+    assert metric_names.STREAM_GROUP_REWARD in histograms and metric_names.TRAIN_STEP_SECONDS in histograms
+    for name in histograms:
+        buckets = metric_names.histogram_buckets(name)
+        assert len(buckets) >= 5 and list(buckets) == sorted(set(buckets)), name
+    assert metric_names.kind(metric_names.TRAIN_VERSION) == "gauge"
+    assert metric_names.kind(metric_names.EVAL_ACCURACY) == "gauge"
+    assert metric_names.kind(metric_names.stream_dropped("stale")) == "counter"
+    assert metric_names.kind(metric_names.ROLLOUT_TRAJECTORIES) == "counter"
