@@ -8,6 +8,9 @@ disk next to its log::
     base/[<policy>/]   the base checkpoint (``astraflow warmup``), unless ``model.path`` names one
     data/              the task's generated splits and corpora
     checkpoints/<policy>/vNNNNNNNN/   the trainer's checkpoints
+    final/<policy>/    the newest checkpoint of each policy at the end of a run, as a Hugging Face
+                       ``save_pretrained`` directory with the tokenizer (named in summary.json)
+    tensorboard/       TensorBoard event files of the run's metrics, written as it goes
     logs/              one log file per component process
     metrics.jsonl  summary.json  report.png   what ``astraflow run`` writes as it goes and at the end
 
@@ -71,6 +74,14 @@ class RunDir:
 
     def checkpoints(self, policy: str) -> Path:
         return self.root / "checkpoints" / policy
+
+    def final_model(self, policy: str) -> Path:
+        """Where a run leaves ``policy``'s final version as a ``save_pretrained`` directory."""
+        return self.root / "final" / policy
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
 
     def looks_like_run(self) -> bool:
         """True when this is a directory a run wrote (its config or its embedded log is here)."""

@@ -1,4 +1,5 @@
-"""Commands that read a run without taking part in it: tail, audit, stats, report, export, runs."""
+"""Commands that read a run without taking part in it: tail, audit, stats, report, export, runs,
+export-model and metrics serve."""
 
 from __future__ import annotations
 
@@ -207,3 +208,58 @@ def runs_rm(
         typer.confirm(f"delete the {where}topics {ref.name}.* of run {ref.name!r}?", abort=True)
     for removed in remove_run(ref, force=force):
         typer.echo(f"removed {removed}")
+
+
+@app.command("export-model")
+def export_model(
+    target: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Run directory (with its config.yaml).")],
+    out: Annotated[Path, typer.Option(help="Directory to write (must not exist).")],
+    policy: Annotated[Optional[str], typer.Option(help="Which policy (required when the run has several).")] = None,
+    version: Annotated[Optional[int], typer.Option(min=0, help="A checkpointed version (default: the newest).")] = None,
+) -> None:
+    """Write a checkpointed version of a policy as a Hugging Face save_pretrained directory, with its tokenizer."""
+    from astraflow.config import load_config
+    from astraflow.errors import ConfigError
+    from astraflow.training.export import export_version
+
+    if not RunDir(target).config.is_file():
+        raise ConfigError(f"{target}: no config.yaml here; give a run directory written by `astraflow run`")
+    config = load_config(RunDir(target).config)
+    if policy is None and len(config.policy_names()) > 1:
+        raise ConfigError(f"--policy: required, the run has the policies {list(config.policy_names())}")
+    chosen = export_version(config, target, policy or config.policy_names()[0], out, version)
+    typer.echo(f"{out}: version {chosen}")
+
+
+metrics_app = typer.Typer(no_args_is_help=True, help="A run's metrics for monitoring tools.")
+app.add_typer(metrics_app, name="metrics")
+
+
+@metrics_app.command("serve")
+def metrics_serve(
+    target: RunTargetArg,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port of the endpoint (0: any free port).")] = 9464,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    run_dir: RunDirOpt = None,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """A Prometheus endpoint (/metrics) of a run's metrics topic, following the run live until Ctrl-C or SIGTERM."""
+    import signal
+    import threading
+
+    from astraflow.analysis.prometheus import serve
+    from astraflow.attach import open_run
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    with open_run(target, run_dir, bootstrap=bootstrap) as attached:
+        try:
+            serve(
+                attached,
+                port,
+                host,
+                stop,
+                on_ready=lambda url: typer.echo(f"serving {url} for run {attached.name}", nl=True),
+            )
+        except KeyboardInterrupt:
+            pass

@@ -19,7 +19,10 @@ Steps:
    ``launcher.restarts`` metric (labels ``child`` and ``kind``). One that exits again after
    ``MAX_RESTARTS`` restarts within ``RESTART_WINDOW_S`` is crash-looping: the run stops, failed.
 4. SIGTERM every child (they finish their step and flush), SIGKILL stragglers, drain the last
-   metrics, and write ``summary.json`` (with every child's restarts) and ``report.png``.
+   metrics, export each policy's newest checkpoint as a Hugging Face directory
+   (``run_dir/final/<policy>``, ``training/export.py``), and write ``summary.json`` (with every
+   child's restarts and, under ``final_models``, each exported directory and its version) and
+   ``report.png``.
 
 While a child runs, ``run_dir/pids/<child>.pid`` holds its pid (rewritten at each restart,
 removed when it exited for good), so operators and fault-injection tests can signal it.
@@ -48,6 +51,7 @@ from astraflow.metric_names import LAUNCHER_RESTARTS
 from astraflow.rundir import RunDir
 from astraflow.scaler.rule import capped
 from astraflow.topics import RunTopics
+from astraflow.training.export import export_final_models
 
 logger = logging.getLogger(__name__)
 MAX_RESTARTS = 3
@@ -246,6 +250,7 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     summary = monitor.summary(warmup_seconds=warmup_seconds, interrupted=interrupted)
     summary["producer_seconds"] = pool.producer_seconds()
     summary["restarts"] = {child.name: child.restarts for child in everyone if child.restarts}
+    summary["final_models"] = export_final_models(config, run_dir)
     if failure:
         summary["failed"] = failure
     RunDir(run_dir).summary.write_text(json.dumps(summary, indent=2))

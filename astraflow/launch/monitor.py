@@ -1,5 +1,7 @@
-"""The run monitor: follows ``{run}.metrics``, keeps ``metrics.jsonl``, shows the run's progress:
-the live dashboard on a terminal, otherwise a plain line every 10 s (``progress.py``).
+"""The run monitor: follows ``{run}.metrics``, keeps ``metrics.jsonl`` and the TensorBoard event
+files (``RUN_DIR/tensorboard``, ``analysis/tensorboard.py``; skipped with a note when tensorboardX
+is not installed), shows the run's progress: the live dashboard on a terminal, otherwise a plain
+line every 10 s (``progress.py``).
 
 It is an analysis consumer like any other (no group, nothing committed), so it never slows the
 components. Records/s per topic comes from the topics' end offsets, sampled each refresh.
@@ -14,6 +16,7 @@ evaluator's ``eval.system.*`` metrics are kept per version pair (their ``version
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -22,8 +25,9 @@ from pathlib import Path
 from rich.console import Console
 
 from astraflow.analysis.producer_stats import ProducerTally
+from astraflow.analysis.tensorboard import TensorBoardWriter
 from astraflow.config import RunConfig
-from astraflow.errors import AstraFlowError, LogError
+from astraflow.errors import AstraFlowError, LogError, MissingDependencyError
 from astraflow.launch.dashboard import Dashboard
 from astraflow.launch.progress import ProgressLines
 from astraflow.log import Log, TopicPartition
@@ -34,6 +38,7 @@ from astraflow.schemas.records import Metric
 from astraflow.topics import RunTopics
 
 REFRESH_S = 1.0
+logger = logging.getLogger(__name__)
 
 
 def gain_over_base(accuracy: dict[int, float], after: int = 0) -> float:
@@ -75,6 +80,12 @@ class RunMonitor:
         self.producers = ProducerTally()
         self.ends: tuple[float, dict[str, int]] | None = None
         """(``time.monotonic()``, end offset of each topic) of the newest sample, for the rates."""
+        self.tensorboard: TensorBoardWriter | None = None
+        try:
+            self.tensorboard = TensorBoardWriter(RunDir(run_dir).tensorboard, self.policies)
+        except MissingDependencyError as exc:
+            logger.warning("%s", exc)
+            self.notes.append(f"no TensorBoard events: {exc}")
 
     def _consume(self, timeout: float) -> None:
         for message in self.consumer.poll(max_records=5000, timeout=timeout):
@@ -97,6 +108,8 @@ class RunMonitor:
                 )
                 + "\n"
             )
+            if self.tensorboard is not None:
+                self.tensorboard.add(metric)
             self.latest[metric.name] = metric.value
             self.producers.observe(metric)
             policy = metric.labels.get("policy", self.policies[0])
@@ -181,7 +194,13 @@ class RunMonitor:
         self._consume(timeout=1.0)
         while any(self.consumer.lag().values()) and time.monotonic() < deadline:
             self._consume(timeout=1.0)
+        self.close()
+
+    def close(self) -> None:
+        """Close metrics.jsonl, the TensorBoard events and the metrics consumer."""
         self.out.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         self.consumer.close()
 
     def summary(self, warmup_seconds: float, interrupted: bool) -> dict:

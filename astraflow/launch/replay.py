@@ -17,8 +17,9 @@ Steps:
    cut a group in two), fewer than ``train.batch_samples`` samples are left for the trainer, and
    the evaluator has caught up with the last version. ``stop.*``, ``--max-minutes`` and Ctrl-C
    stop it earlier.
-5. Stop the copy and the children, drain the metrics, write ``summary.json`` (with a ``replay``
-   section), ``metrics.jsonl`` and ``report.png``.
+5. Stop the copy and the children, drain the metrics, export the newest checkpoint to
+   ``final/<policy>`` as ``astraflow run`` does, write ``summary.json`` (with a ``replay`` section
+   and ``final_models``), ``metrics.jsonl`` and ``report.png``.
 
 Versions. A replayed token's version counts the *source* run's optimizer steps, not this run's:
 the staleness filter would compare the two and drop groups depending on how far this trainer
@@ -53,6 +54,7 @@ from astraflow.launch.replay_source import ReplaySource, ReplaySpan, plan_span
 from astraflow.log import Log
 from astraflow.rundir import RunDir
 from astraflow.topics import RunTopics
+from astraflow.training.export import export_final_models
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +237,7 @@ def replay(config: RunConfig, source: AttachedRun, run_dir: Path, span_options: 
     monitor.drain()
     summary = monitor.summary(warmup_seconds=warmup_seconds, interrupted=interrupted)
     summary["replay"] = _replay_section(config, source, span, copier, monitor.stop_reason)
+    summary["final_models"] = export_final_models(config, run_dir)
     RunDir(run_dir).summary.write_text(json.dumps(summary, indent=2))
 
     write_report(RunDir(run_dir).metrics, RunDir(run_dir).report)

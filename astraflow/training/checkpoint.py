@@ -74,6 +74,16 @@ class TrainerState:
         )
 
 
+def version_dir(directory: Path, version: int) -> Path:
+    """The checkpoint directory of ``version`` under ``directory`` (``vNNNNNNNN``), whether or not it exists."""
+    return directory / f"v{version:08d}"
+
+
+def checkpointed_versions(directory: Path) -> list[int]:
+    """The versions with a complete checkpoint under ``directory``, oldest first."""
+    return sorted(int(p.name[1:]) for p in directory.glob("v*") if p.is_dir() and p.name[1:].isdigit())
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint directory under ``directory``, or ``None``."""
     done = sorted(p for p in directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
@@ -102,7 +112,7 @@ class CheckpointStore:
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
         import torch
 
-        final = self.directory / f"v{state.version:08d}"
+        final = version_dir(self.directory, state.version)
         tmp = final.with_name(final.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=False)
         torch.save(model.state_dict(), tmp / "model.pt")
