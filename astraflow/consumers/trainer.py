@@ -21,6 +21,10 @@ Steps of one version (the order is the guarantee):
 5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint,
    so a commit that fails, e.g. while the broker restarts, is only logged).
 
+On a stop signal the trainer finishes its step and, when its version is not checkpointed yet,
+checkpoints it, so the run's final version is on disk (``astraflow run`` exports it to
+``final/<policy>``) and a restart redoes nothing.
+
 A crash after 2 and before 3 redoes the steps since the last checkpoint from the same samples.
 Because checkpoints precede publishing, a version that readers saw is always a checkpointed one
 when ``checkpoint_every`` is 1; with larger intervals a redone version may be republished.
@@ -140,6 +144,8 @@ class Trainer:
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
         restored = self.checkpoints.restore(model, self.learner.optimizer)
         self.learner.version = restored.version if restored else 0
+        self.checkpointed = self.learner.version
+        """The newest checkpointed version (0: the base, which needs none)."""
         self.offsets = restored.offsets if restored else {}
         self.trained_samples = restored.trained_samples if restored else 0
         self.history = restored.history if restored else []
@@ -181,6 +187,8 @@ class Trainer:
                     consumer.commit({TopicPartition(topic, last.partition): last.offset + 1})
                 except LogError as exc:  # e.g. the broker restarting: only ``lag`` reads this commit
                     logger.warning("commit of the trainer's offsets failed (resumption uses the checkpoint): %s", exc)
+            if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
+                self._checkpoint()
         finally:
             consumer.close()
 
@@ -289,10 +297,7 @@ class Trainer:
         self.offsets[last.partition] = last.offset + 1
         self.history.append((version, dict(self.offsets)))
         if version % ctx.config.train.checkpoint_every == 0:
-            state = TrainerState(
-                version, dict(self.offsets), self.trained_samples, list(self.history), list(self.resumes), RECALL_WINDOW
-            )
-            self.checkpoints.save(learner.model, learner.optimizer, state)
+            self._checkpoint()
         manifest = self.publisher.publish(learner.model.state_dict(), version)
         changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
         figures = {
@@ -318,6 +323,19 @@ class Trainer:
             len(batch),
             stats.seconds,
         )
+
+    def _checkpoint(self) -> None:
+        """An atomic checkpoint of the current version, with the offsets after its batch."""
+        state = TrainerState(
+            self.learner.version,
+            dict(self.offsets),
+            self.trained_samples,
+            list(self.history),
+            list(self.resumes),
+            RECALL_WINDOW,
+        )
+        self.checkpoints.save(self.learner.model, self.learner.optimizer, state)
+        self.checkpointed = self.learner.version
 
     def _skip(self, messages: list[Message], last: Message, error: NonFiniteStepError) -> None:
         """A step that changed nothing: dead-letter its samples, move past ``last``, publish nothing."""
