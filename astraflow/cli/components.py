@@ -208,6 +208,9 @@ def run(
         f"held-out accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} "
         f"in {summary['versions']} versions, {summary['wall_seconds']:.0f} s"
     )
+    for policy, final in summary["final_models"].items():
+        where = f"{final['path']} (version {final['version']})" if "path" in final else final["error"]
+        typer.echo(f"final model of {policy}: {where}")
 
 
 @app.command(

@@ -171,3 +171,4 @@ def test_the_prometheus_endpoint_follows_a_live_run(run_dir: Path) -> None:
         run.wait(timeout=600)
     assert run.returncode == 0, (run_dir / "run.out").read_text()[-3000:]
     assert serve.returncode == 0
+    assert f"final model of main: {run_dir / 'final' / 'main'} (version " in (run_dir / "run.out").read_text()

@@ -51,6 +51,10 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     for policy in policies.values():  # both rise: 200 held-out rows, so one evaluation is ±0.035
         late = list(policy["accuracy_by_version"].values())[-2:]
         assert sum(late) / len(late) >= policy["base_accuracy"] + 0.05, policy
+    for name, final in summary["final_models"].items():  # each policy's final version, for transformers
+        assert final["version"] == policies[name]["versions"], (name, final)
+        assert (run_dir / "final" / name / "config.json").is_file() and Path(final["path"]) == run_dir / "final" / name
+    assert set(summary["final_models"]) == {"solver", "verifier"}
     system = summary["system_accuracy"]
     assert set(system["final"]) == {"alone", "judged", "pass_at_k", "judge_accuracy"}
     assert len(system["by_versions"]) >= 2
