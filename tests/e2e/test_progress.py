@@ -39,4 +39,6 @@ def test_run_in_a_pipe_prints_a_progress_line_every_ten_seconds(run_dir: Path) -
     first_30_s = [seconds for seconds in elapsed if seconds <= 30]
     assert len(first_30_s) >= 2, result.stdout[-3000:]
     assert first_30_s[1] - first_30_s[0] >= 9, elapsed  # 10 s apart, each rounded to the second
-    assert "held-out accuracy" in result.stdout.splitlines()[-1]
+    closing = result.stdout.splitlines()[-3:]  # run directory, held-out accuracy, the final model
+    assert closing[1].startswith("held-out accuracy"), closing
+    assert closing[2].startswith(f"final model of main: {run_dir / 'final' / 'main'} (version "), closing
