@@ -18,6 +18,10 @@ with the same ``#replay<n>`` ids, as one that never stopped. The state names eac
 trajectories by their position in the trajectories topic (they are there anyway) and carries only
 what the operators computed: advantages and provenance. A buffered group whose records retention
 deleted meanwhile is left out of the restored buffer.
+
+The offline mixer's state is its credit and the groups its ``OfflineSource`` fed it that were not
+emitted yet, named by their position in the offline topic; the source (``streams.offline``)
+journals its own position beside it.
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ class OfflineMixer:
         self.loop = loop
         self._ready: deque[Group] = deque()
         self._credit = 0.0  # offline samples owed
+        self._unresolved: list[dict] = []  # fed groups of a loaded state, until ``resolve``
 
     def demand(self, fresh_samples: int) -> float:
         """Offline samples to have fed before ``fresh_samples`` more fresh samples are mixed."""
@@ -147,5 +152,41 @@ class OfflineMixer:
 
     @property
     def pending(self) -> list[Group]:
-        """Fed groups not emitted yet (their records must be read again after a crash)."""
+        """Fed groups not emitted yet."""
         return list(self._ready)
+
+    def state_dict(self) -> bytes:
+        ready = [
+            {
+                "group": group.group_id,
+                "positions": group.positions,
+                "advantages": None if group.advantages is None else group.advantages.tolist(),
+                "operators": group.operators,
+                "origin": group.origin,
+            }
+            for group in self._ready
+        ]
+        return json.dumps({"credit": self._credit, "ready": ready}).encode()
+
+    def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
+        """The credit now; the fed groups once their ``OfflineSource`` ``resolve``-s them: their
+        records are in the offline topic, which ``lookup`` (the runtime's input topic) does not read."""
+        saved = json.loads(state)
+        self._credit = float(saved["credit"])
+        self._ready.clear()
+        self._unresolved = saved["ready"]
+
+    def resolve(self, lookup: TrajectoryLookup) -> None:
+        """Rebuild the fed groups of the state loaded, reading their members with ``lookup``."""
+        entries, self._unresolved = self._unresolved, []
+        trajectories = iter(lookup([(p, o) for entry in entries for p, o in entry["positions"]]))
+        for entry in entries:
+            members = [next(trajectories) for _ in entry["positions"]]
+            if not members or None in members:
+                logger.warning("offline mixer: fed group %s left out, its records are gone", entry["group"])
+                continue
+            advantages = None if entry["advantages"] is None else np.asarray(entry["advantages"], dtype=np.float32)
+            positions = [(p, o) for p, o in entry["positions"]]
+            group = Group(entry["group"], members, advantages, list(entry["operators"]), positions=positions)
+            group.origin = entry["origin"]
+            self._ready.append(group)

@@ -42,16 +42,15 @@ last commit - state from the changelog, consumer at the committed offsets - and 
 fenced producer (a newer processor of the policy), a record the log refuses, or any other
 failure ends the processor, for the launcher to restart it.
 
-Outside the transactions: metrics (the component's own producer); the offline sources, which
-commit their own group's offsets after each transaction (offline groups are mixed in at least
-once, and the offline mixer's state lives in memory); the ``duplicate`` filter's id memory.
+Outside the transactions: metrics (the component's own producer); the ``duplicate`` filter's id
+memory. Each offline source's position is journaled in the changelog (``offline␟{index}``) and
+its mixer's fed groups are mixer state, so offline groups are mixed in exactly once too.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
 
 from astraflow.context import ComponentContext
 from astraflow.errors import TransactionAbortedError
@@ -59,9 +58,9 @@ from astraflow.log import Consumer, Message, TopicPartition
 from astraflow.metric_names import STREAM_REWINDS
 from astraflow.schemas.records import Trajectory
 from astraflow.streams.changelog import CLOCK, Changelog, operator_key, pending_key
-from astraflow.streams.offline import OfflineSource
+from astraflow.streams.offline import OfflineSource, state_key
 from astraflow.streams.operators import Group, GroupBuffer, StatefulOperator
-from astraflow.streams.pending import read_records, restore, snapshot, snapshot_offsets
+from astraflow.streams.pending import read_records, read_trajectories, restore, snapshot, snapshot_offsets
 from astraflow.streams.pipeline import build_pipeline
 from astraflow.streams.processing import GroupProcessor
 from astraflow.weights.follow import WeightFollower
@@ -97,7 +96,16 @@ class NativeStreamProcessor(GroupProcessor):
             self.follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
             while not stop.is_set():
                 offline_sources = [
-                    OfflineSource(ctx, self.policy, mixer, self.pipeline.operators, index, self.limits)
+                    OfflineSource(
+                        ctx,
+                        self.policy,
+                        mixer,
+                        self.pipeline.operators,
+                        index,
+                        self.limits,
+                        self.changelog.table.get(state_key(index)),
+                        self._dead_letter,
+                    )
                     for index, mixer in enumerate(self.pipeline.offline)
                 ]
                 try:
@@ -128,8 +136,6 @@ class NativeStreamProcessor(GroupProcessor):
             self._handle(messages, version, offline_sources)
             self.transactions.commit()
             self.changelog.committed()
-            for offline in offline_sources:  # every offline sample sent before is committed now
-                offline.commit()
 
     def _handle(self, messages: list[Message], version: int, offline_sources: list[OfflineSource]) -> None:
         """Steps 2 to 5 of the module docstring for one poll, into the open transaction."""
@@ -145,6 +151,7 @@ class NativeStreamProcessor(GroupProcessor):
             self._expire(buffer, version)
         for offline in offline_sources:
             offline.fill(sum(len(group.trajectories) for group in accepted), version)
+            self.changelog.put(offline.key, offline.state())  # its position, journaled below
         self._emit(accepted, version)
         self._count_redeliveries(version)
         self._journal()
@@ -230,9 +237,4 @@ class NativeStreamProcessor(GroupProcessor):
 
     def _lookup(self, positions: list[tuple[int, int]]) -> list[Trajectory | None]:
         """The trajectories at these positions of the input topic (``operators.TrajectoryLookup``)."""
-        wanted: dict[int, list[int]] = defaultdict(list)
-        for partition, offset in positions:
-            wanted[partition].append(offset)
-        records = {p: read_records(self.ctx.log, self.source, p, offsets) for p, offsets in wanted.items()}
-        found = [records[partition].get(offset) for partition, offset in positions]
-        return [None if r is None else self.ctx.codec.decode(r.value, expect=Trajectory, keep=True) for r in found]
+        return read_trajectories(self.ctx.log, self.source, self.ctx.codec, positions)

@@ -8,44 +8,53 @@ records, so operators stay free of I/O:
 1. ``fill(fresh)``, called by the runtime before it emits ``fresh`` new samples, reads the topic
    until the mixer has what it will owe, or the topic has nothing more for now. Records that do
    not decode or validate are dead-lettered with the reason (a group with such a member is
-   dropped); completed groups go through the pipeline's group operators except ``staleness``
-   (their token versions count the source run's optimizer steps; the trainer's decoupled loss
-   corrects the off-policy gap against the recorded behaviour log-probs, as in
-   ``astraflow replay``). Drops count in ``stream.offline_dropped.<kind>``.
+   dropped) through the runtime's ``dead_letter``, so into its open transaction; completed
+   groups go through the pipeline's group operators except ``staleness`` (their token versions
+   count the source run's optimizer steps; the trainer's decoupled loss corrects the off-policy
+   gap against the recorded behaviour log-probs, as in ``astraflow replay``). Drops count in
+   ``stream.offline_dropped.<kind>``.
 2. Used up: with ``loop`` the topic starts over (pass n+1; sample ids carry ``#offline<n>`` so
-   the trainer does not drop a new pass as repeats), otherwise nothing more is mixed in. A
-   processor restarted mid-pass counts passes from 0 again, so the trainer may drop the rest
-   of that pass as repeats of ids it remembers (``audit`` counts them as copies dropped).
-3. ``commit()``, after the runtime flushed its samples, commits the offsets below every group
-   still buffered or fed but not emitted, in a consumer group of this run
-   (``{run}.stream.{policy}.offline<index>``): a restarted processor resumes where its
-   emitted offline data ends. The source run's own consumer groups are never touched.
+   the trainer does not drop a new pass as repeats), otherwise nothing more is mixed in.
+3. ``state()``, which the native runtime journals in its changelog with every transaction
+   (``offline␟{index}``), is the source's position as of that transaction: per partition the
+   offset to read on from (below every group still half-read), the ids of the groups at or after
+   it that are closed already (mixed, fed to the mixer, or dropped), the pass, and whether the
+   topic is used up. The groups fed but not yet emitted are the mixer's own state
+   (``OfflineMixer.state_dict``), restored by ``resolve``. A restarted processor is given the
+   committed ``state`` and goes on exactly from there: no offline group is emitted twice or
+   skipped, and the pass count goes on. The source reads with a consumer of no group, so the
+   source run's log is only ever read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 from astraflow.attach import open_run
 from astraflow.config import RunConfig
 from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError, ConfigError, LogError, error_reason
-from astraflow.log import Log, TopicPartition
+from astraflow.errors import AstraFlowError, ConfigError, error_reason
+from astraflow.log import Log, Message, TopicPartition
 from astraflow.metric_names import STREAM_OFFLINE_GROUPS, STREAM_OFFLINE_USED_UP, stream_offline_dropped
 from astraflow.schemas.records import Trajectory
 from astraflow.schemas.validation import Limits, validate
 from astraflow.streams.mixing import OfflineMixer
 from astraflow.streams.operators import Group, GroupBuffer, GroupOperator, run_pipeline
+from astraflow.streams.pending import read_trajectories
 
 logger = logging.getLogger(__name__)
 
-ASSIGN_TIMEOUT_S = 30.0
-"""Longest wait at start for the offline consumer's partitions (a Kafka group join takes seconds);
-until then the first fresh groups would find nothing to mix with and earn no offline share."""
+FETCH_WAIT_S = 5.0
+"""Longest ``fill`` waits for records the topic holds but the client has not fetched yet (a Kafka
+consumer's first fetch takes a moment); a fresh group mixed meanwhile earns no offline share."""
+DeadLetterSink = Callable[[Message | None, str, BaseException | None], None]
+"""Where a record that cannot be used goes: the runtime's dead letters, in its open transaction."""
 
 
 def check_source(config: RunConfig, source: RunConfig, where: str) -> None:
@@ -66,6 +75,11 @@ def check_source(config: RunConfig, source: RunConfig, where: str) -> None:
             )
 
 
+def state_key(index: int) -> bytes:
+    """The changelog key of the state of the offline source of the pipeline's ``index``-th offline mixer."""
+    return f"offline\x1f{index}".encode()
+
+
 class OfflineSource:
     """Feeds one ``OfflineMixer`` from its topic, for one policy's stream processor."""
 
@@ -77,8 +91,12 @@ class OfflineSource:
         operators: list[GroupOperator],
         index: int,
         limits: Limits = Limits(),
+        state: bytes | None = None,
+        dead_letter: DeadLetterSink | None = None,
     ) -> None:
         self.ctx = ctx
+        self.index = index
+        self._dead_letter = dead_letter or ctx.dead_letter
         self.policy = policy
         self.mixer = mixer
         self.operators = [operator for operator in operators if operator.name != "staleness"]
@@ -93,21 +111,28 @@ class OfflineSource:
             where = mixer.source or "this run's log"
             raise ConfigError(f"stream.pipeline: offline topic {mixer.topic!r} does not exist in {where}")
         self.log = log
-        self.consumer = log.consumer(group_id=f"{ctx.config.run}.stream.{policy}.offline{index}")
-        self.consumer.subscribe([mixer.topic])
+        self.topic = mixer.topic
+        self.consumer = log.consumer(group_id=None)
+        self.partitions = [TopicPartition(self.topic, p) for p in range(log.describe_topic(self.topic).partitions)]
+        self.consumer.assign(self.partitions)
         self.buffer = GroupBuffer()
         self.passes = 0
         self.exhausted = False
         self.fed = 0
         self.drops: Counter[str] = Counter()
-        self._first: dict[str, dict[int, int]] = {}  # group id → partition → its first record's offset
-        deadline = time.monotonic() + ASSIGN_TIMEOUT_S
-        while not self.consumer.assignment() and time.monotonic() < deadline:  # joining the group
-            for message in self.consumer.poll(max_records=256, timeout=0.5):
-                self._add(message, 0)
+        self._spans: dict[tuple[str, int], tuple[int, int]] = {}
+        """(group id, partition) → (first offset, last offset) of the group's records read there in this pass."""
+        self._closed: set[str] = set()
+        """Groups closed before the state this source was restored from: their records are skipped."""
+        if state is None:
+            self.consumer.seek_to_beginning(self.partitions)
+        else:
+            self._restore(state)
+        self.mixer.resolve(self._lookup)
 
     def fill(self, fresh_samples: int, version: int) -> None:
         """Read until the mixer holds what ``fresh_samples`` more fresh samples will earn."""
+        deadline = time.monotonic() + FETCH_WAIT_S
         while not self.exhausted and self.mixer.demand(fresh_samples) > 0:
             messages = self.consumer.poll(max_records=256, timeout=0.2)
             if messages:
@@ -115,26 +140,32 @@ class OfflineSource:
                     self._add(message, version)
             elif self._at_end():
                 self._used_up(version)
-            else:
-                return  # the topic is behind or still being assigned: try again at the next emit
+            elif time.monotonic() > deadline:
+                return  # records there but not fetched yet: the rest at the next emit
 
     def _add(self, message, version: int) -> None:
         key = message.key.decode("utf-8", "replace") if message.key else None  # the group id
         try:
             trajectory = self.ctx.codec.decode(message.value, expect=Trajectory, keep=True)
         except AstraFlowError as exc:
-            self.ctx.dead_letter(message, f"undecodable offline trajectory: {exc}", exc)
-            group = None if key is None else self.buffer.fail(key, f"{message.partition}@{message.offset}")
+            trajectory, error = None, exc
         else:
             key = trajectory.group_id
+        if key is not None:
+            first = self._spans.get((key, message.partition), (message.offset, message.offset))[0]
+            self._spans[(key, message.partition)] = (first, message.offset)
+            if key in self._closed:
+                return  # a record of a group closed before the state restored, read again
+        if trajectory is None:
+            self._dead_letter(message, f"undecodable offline trajectory: {error}", error)
+            group = None if key is None else self.buffer.fail(key, f"{message.partition}@{message.offset}")
+        else:
             problem = validate(trajectory, self.limits)
             if problem is not None:
-                self.ctx.dead_letter(message, f"invalid offline trajectory {trajectory.trajectory_id}: {problem}")
+                self._dead_letter(message, f"invalid offline trajectory {trajectory.trajectory_id}: {problem}")
                 group = self.buffer.fail(key, trajectory.trajectory_id, trajectory.group_size)
             else:
                 group = self.buffer.add(trajectory, message.partition, message.offset)
-        if key is not None:
-            self._first.setdefault(key, {}).setdefault(message.partition, message.offset)
         if group is not None:
             self._accept(group, version)
 
@@ -160,11 +191,8 @@ class OfflineSource:
         self.ctx.metric(STREAM_OFFLINE_GROUPS, self.fed, version, policy=self.policy)
 
     def _at_end(self) -> bool:
-        assignment = [tp for tp in self.consumer.assignment() if tp.topic == self.mixer.topic]
-        if not assignment:
-            return False
-        ends = self.log.end_offsets(self.mixer.topic)
-        return all(self.consumer.position(tp) >= ends.get(tp.partition, 0) for tp in assignment)
+        ends = self.log.end_offsets(self.topic)
+        return all(self.consumer.position(tp) >= ends.get(tp.partition, 0) for tp in self.partitions)
 
     def _used_up(self, version: int) -> None:
         if not self.mixer.loop:
@@ -174,26 +202,48 @@ class OfflineSource:
             return
         self.passes += 1
         self.buffer = GroupBuffer()  # a new pass completes the same group ids again
-        self.consumer.seek_to_beginning(self.consumer.assignment())
+        self._spans, self._closed = {}, set()
+        self.consumer.seek_to_beginning(self.partitions)
         logger.info("offline topic %s used up: pass %d starts over", self.mixer.topic, self.passes)
 
-    def commit(self) -> None:
-        """Commit below every offline group not emitted yet (buffered, or fed and still pending)."""
-        pending = {group.group_id for group in self.mixer.pending} | set(self.buffer.pending)
-        self._first = {gid: first for gid, first in self._first.items() if gid in pending}
-        safe = {
-            tp.partition: self.consumer.position(tp)
-            for tp in self.consumer.assignment()
-            if tp.topic == self.mixer.topic
+    @property
+    def key(self) -> bytes:
+        """The source's key in the runtime's changelog."""
+        return state_key(self.index)
+
+    def state(self) -> bytes:
+        """The source's position as of now, for the runtime's changelog (step 3)."""
+        pending = set(self.buffer.pending)
+        nxt = {tp.partition: self.consumer.position(tp) for tp in self.partitions}
+        for (gid, partition), (first, _) in self._spans.items():
+            if gid in pending:
+                nxt[partition] = min(nxt[partition], first)
+        # a closed group with a record at or after the resume point would be read again: name it
+        kept = {(gid, p): span for (gid, p), span in self._spans.items() if span[1] >= nxt[p]}
+        gone = {gid for gid, _ in self._spans} - {gid for gid, _ in kept}
+        self._spans, self._closed = kept, self._closed - gone
+        closed = {gid for gid, _ in kept if gid not in pending} | self._closed
+        state = {
+            "next": {str(partition): offset for partition, offset in nxt.items()},
+            "closed": sorted(closed),
+            "passes": self.passes,
+            "fed": self.fed,
+            "exhausted": self.exhausted,
+            "drops": dict(self.drops),
         }
-        for first in self._first.values():
-            for partition, offset in first.items():
-                if partition in safe:
-                    safe[partition] = min(safe[partition], offset)
-        try:
-            self.consumer.commit({TopicPartition(self.mixer.topic, p): offset for p, offset in safe.items()})
-        except LogError as exc:
-            logger.warning("offline commit rejected (re-read after a rebalance): %s", exc)
+        return json.dumps(state).encode()
+
+    def _restore(self, state: bytes) -> None:
+        saved = json.loads(state)
+        self.passes, self.fed, self.exhausted = int(saved["passes"]), int(saved["fed"]), bool(saved["exhausted"])
+        self._closed = set(saved["closed"])
+        self.drops = Counter(saved["drops"])
+        for tp in self.partitions:
+            self.consumer.seek(tp, int(saved["next"].get(str(tp.partition), 0)))
+
+    def _lookup(self, positions: list[tuple[int, int]]) -> list[Trajectory | None]:
+        """The trajectories at these positions of the offline topic (for the mixer's restored groups)."""
+        return read_trajectories(self.log, self.topic, self.ctx.codec, positions)
 
     def close(self) -> None:
         self.consumer.close()

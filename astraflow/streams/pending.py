@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
 
 from astraflow.log import Log, Message, TopicPartition
@@ -82,6 +83,17 @@ def read_records(log: Log, topic: str, partition: int, offsets: list[int]) -> di
         return {}
     wanted = set(offsets)
     return {m.offset: m for m in read_range(log, topic, partition, min(wanted), max(wanted) + 1) if m.offset in wanted}
+
+
+def read_trajectories(log: Log, topic: str, codec: Codec, positions: list[tuple[int, int]]) -> list[Trajectory | None]:
+    """The trajectories at these (partition, offset) positions of ``topic``, in their order; ``None``
+    where retention deleted the record (an ``operators.TrajectoryLookup`` over one topic)."""
+    wanted: dict[int, list[int]] = defaultdict(list)
+    for partition, offset in positions:
+        wanted[partition].append(offset)
+    records = {p: read_records(log, topic, p, offsets) for p, offsets in wanted.items()}
+    found = [records[partition].get(offset) for partition, offset in positions]
+    return [None if r is None else codec.decode(r.value, expect=Trajectory, keep=True) for r in found]
 
 
 def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:

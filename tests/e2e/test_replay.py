@@ -17,6 +17,8 @@ import pytest
 import yaml
 
 from astraflow.log import open_log
+from astraflow.streams.changelog import Changelog
+from astraflow.streams.offline import state_key
 from tests.e2e.conftest import ASTRAFLOW, EXAMPLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -59,7 +61,8 @@ def test_replay_trains_a_fresh_base_from_a_recorded_run(math_run: Path, tmp_path
 
 def test_a_recorded_topic_mixes_into_an_online_run(math_run: Path, run_dir: Path) -> None:
     """The mixer's offline source: a new online run takes a third of its samples from the
-    recorded run's trajectory topic, read from that run's log."""
+    recorded run's trajectory topic, read from that run's log, which it never writes to; its
+    position there is journaled in the new run's stream changelog."""
     raw = yaml.safe_load(EXAMPLE.read_text())
     raw.update(run="mixed", stop={"max_minutes": 3, "max_versions": 6})
     raw["stream"] = {
@@ -86,4 +89,7 @@ def test_a_recorded_topic_mixes_into_an_online_run(math_run: Path, run_dir: Path
     with open_log("embedded", path=math_run / "log.sqlite") as log:
         after = {name: offsets for name, offsets in log.group_offsets().items() if name.startswith("learn.")}
         assert after == groups  # the recorded run's own consumer groups are untouched
-        assert "mixed.stream.main.offline0" in log.group_offsets()
+        assert not any(name.startswith("mixed.") for name in log.group_offsets())  # and it was only read
+    with open_log("embedded", path=run_dir / "log.sqlite") as log:  # the source's position: in this run's changelog
+        state = json.loads(Changelog.load(log, "mixed.stream.main.changelog").table[state_key(0)])
+    assert 0 < state["fed"] <= offline and sum(state["next"].values()) > 0, state  # the metric may lead its commit

@@ -4,13 +4,20 @@ An earlier run's trajectory topic (here written directly: 12 groups, one of them
 record of garbage bytes after the first group) is mixed into this run's samples at weight 0.5 by the native runtime:
 offline groups pass the group operators except ``staleness`` (their versions are another run's),
 carry ``#offline0`` ids and ``replayed``, make up half of the samples while the topic lasts, the
-garbage is dead-lettered, and the processor's offline consumer group commits what it emitted.
+garbage is dead-lettered, and the processor's changelog holds the source's position.
+
+The restart test splits an offline group the way the issue splits a live one: group o10 lies
+wholly after o11's first member, and o11's second member comes only after the processor stopped;
+the restarted processor must neither emit o10 again nor lose o11 nor any group fed to the mixer
+but not yet emitted.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -19,7 +26,9 @@ from astraflow.config import parse_config
 from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition, TopicSpec
 from astraflow.schemas.records import DeadLetter, TrainSample, Trajectory
+from astraflow.streams.changelog import Changelog
 from astraflow.streams.native import NativeStreamProcessor
+from astraflow.streams.offline import state_key
 
 GROUP = 4
 
@@ -135,10 +144,74 @@ def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: 
     assert not any(s.sample_id.startswith(f"{old}/g5/") for s in offline)  # the all-equal group was filtered
     fresh = [s for s in samples if "#offline" not in s.sample_id]
     assert len({s.sample_id for s in fresh}) == 6 * GROUP and not any(s.replayed for s in fresh)
-    # the offline consumer group committed past the garbage and the emitted groups, not past the end
-    committed = ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main.offline0", {})
-    assert 5 * GROUP < sum(committed.values()) <= 12 * GROUP + 1, committed
+    # the changelog holds the source's position past the garbage and the emitted groups, not past the end
+    state = json.loads(Changelog.load(ctx.log, ctx.topics.stream_changelog("main")).table[state_key(0)])
+    assert 5 * GROUP < sum(state["next"].values()) <= 12 * GROUP + 1, state
+    assert ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main.offline0") is None  # the source joins no group
     live_committed = ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main", {})
     assert sum(live_committed.values()) == 6 * GROUP, live_committed  # and the live topic's, all of it
     (letter,) = read(ctx, ctx.topics.deadletter(), DeadLetter)
     assert letter.reason.startswith("undecodable offline trajectory") and letter.payload == b"\x00garbage"
+
+
+def running_until(ctx: ComponentContext, condition, what: str) -> None:
+    """Run a native processor of ``ctx`` until ``condition()``, then stop it."""
+    processor = NativeStreamProcessor(ctx, "main")
+    stop, failures = threading.Event(), []
+
+    def loop() -> None:
+        try:
+            processor.run(stop)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        wait_for(lambda: condition() or bool(failures), 120, what)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not failures, failures
+    assert not thread.is_alive()
+
+
+def test_a_restarted_processor_mixes_each_offline_group_once(ctx: ComponentContext, unique: str) -> None:
+    offline_topic, old = f"old{unique}.trajectories.main", f"old{unique}"
+    ctx.log.create_topic(TopicSpec(offline_topic, partitions=1))
+
+    def offline(members: list[tuple[int, int]]) -> None:
+        for g, i in members:
+            value = ctx.codec.encode(trajectory(old, g, i, float(i % 2), 300))
+            ctx.producer.send(offline_topic, value, key=f"{old}/g{g}".encode(), partition=0)
+        ctx.producer.flush()
+
+    def fresh(groups: range) -> None:
+        live = ctx.topics.trajectories("main")
+        for g in groups:
+            for i, reward in enumerate([0.0, 1.0, 0.0, 1.0]):
+                value = ctx.codec.encode(trajectory(ctx.config.run, g, i, reward, 0))
+                ctx.producer.send(live, value, key=f"{ctx.config.run}/g{g}".encode())
+        ctx.producer.flush()
+
+    def emitted() -> Counter[str]:
+        return Counter(s.sample_id for s in read(ctx, ctx.topics.samples("main"), TrainSample))
+
+    # o0..o9 whole; then o11's first member, all of o10, and the rest of o11 only after the stop
+    offline([(g, i) for g in range(10) for i in range(GROUP)] + [(11, 0)] + [(10, i) for i in range(GROUP)])
+    fresh(range(4))
+    running_until(ctx, lambda: sum("#offline" not in sid for sid in emitted()) == 4 * GROUP, "4 fresh groups")
+    before = emitted()
+    offline([(11, i) for i in range(1, GROUP)])
+    fresh(range(4, 12))
+    running_until(ctx, lambda: sum("#offline" not in sid for sid in emitted()) == 12 * GROUP, "12 fresh groups")
+
+    samples = emitted()
+    assert max(samples.values()) == 1, samples  # nothing emitted twice, o10 included
+    groups = [g for g in range(12) if any(sid.startswith(f"{old}/g{g}/") for sid in samples)]
+    fed_order = list(range(10)) + [10, 11]
+    assert groups == fed_order[: len(groups)]  # mixed in the order fed: none skipped
+    assert all(sum(sid.startswith(f"{old}/g{g}/") for sid in samples) == GROUP for g in groups)  # whole groups
+    offline_before = {sid for sid in before if "#offline" in sid}
+    assert offline_before and len(offline_before) < len([sid for sid in samples if "#offline" in sid])
+    assert {10, 11} <= set(groups), groups  # the split pair came through the restart, once each
