@@ -13,9 +13,10 @@ Steps of one version (the order is the guarantee):
 2. One optimizer step on that batch (``astraflow.training.step``): version v → v + 1. A step
    whose loss or gradient is not finite changes nothing: the batch is dead-lettered, no version
    is published, the offsets move past it, and it is counted (``train.skipped_steps``).
-3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and the
-   offset *after* the batch's last sample (``CheckpointStore``), with every version's offsets and
-   the offsets this trainer resumed from (``astraflow audit`` reads which samples were trained).
+3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and, per
+   samples partition, the offset *after* the batch's last sample there (``CheckpointStore``), with
+   every version's offsets and the offsets this trainer resumed from (``astraflow audit`` reads
+   which samples were trained).
 4. Publish version v + 1 (chunks, then manifest) to ``{run}.weights.{policy}``: a sparse delta
    against version v in the transfer dtype, or a full version (``weights.*``, ``weights/publish.py``).
 5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint,
@@ -180,11 +181,10 @@ class Trainer:
                 taken = assembler.take()
                 if taken is None:
                     continue
-                last = taken[-1][1]
                 self._step(taken, waited)
                 waited = 0.0
                 try:
-                    consumer.commit({TopicPartition(topic, last.partition): last.offset + 1})
+                    consumer.commit({TopicPartition(topic, p): offset for p, offset in self.offsets.items()})
                 except LogError as exc:  # e.g. the broker restarting: only ``lag`` reads this commit
                     logger.warning("commit of the trainer's offsets failed (resumption uses the checkpoint): %s", exc)
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
@@ -271,10 +271,9 @@ class Trainer:
 
         ctx = self.ctx
         learner = self.learner
-        last = taken[-1][1]
         batch = [sample for sample, _ in taken if sample is not None]
         if not batch:  # every sample of it was dead-lettered
-            self.offsets[last.partition] = last.offset + 1
+            self._advance(taken)
             return
         staleness = [learner.version - s.trajectory.min_version for s in batch]
         examples = [
@@ -290,11 +289,11 @@ class Trainer:
         try:
             stats = learner.step(examples)
         except NonFiniteStepError as exc:
-            self._skip([message for sample, message in taken if sample is not None], last, exc)
+            self._skip(taken, exc)
             return
         version = learner.version
         self.trained_samples += len(batch)
-        self.offsets[last.partition] = last.offset + 1
+        self._advance(taken)
         self.history.append((version, dict(self.offsets)))
         if version % ctx.config.train.checkpoint_every == 0:
             self._checkpoint()
@@ -337,13 +336,23 @@ class Trainer:
         self.checkpoints.save(self.learner.model, self.learner.optimizer, state)
         self.checkpointed = self.learner.version
 
-    def _skip(self, messages: list[Message], last: Message, error: NonFiniteStepError) -> None:
-        """A step that changed nothing: dead-letter its samples, move past ``last``, publish nothing."""
+    def _advance(self, taken: list[tuple[TrainSample | None, Message]]) -> None:
+        """Move each samples partition's offset past the batch's last record there.
+
+        A batch is a prefix of the records in the order they were read, and each partition's records
+        arrive in offset order, so everything of a partition below that offset is in this batch or
+        an earlier one."""
+        for _, message in taken:
+            self.offsets[message.partition] = max(self.offsets.get(message.partition, 0), message.offset + 1)
+
+    def _skip(self, taken: list[tuple[TrainSample | None, Message]], error: NonFiniteStepError) -> None:
+        """A step that changed nothing: dead-letter its samples, move past the batch, publish nothing."""
         ctx = self.ctx
         self.skipped_steps += 1
+        messages = [message for sample, message in taken if sample is not None]
         logger.error("skipping a batch of %d samples: %s", len(messages), error)
         for message in messages:
             ctx.dead_letter(message, f"batch skipped: {error}", error)
-        self.offsets[last.partition] = last.offset + 1
+        self._advance(taken)
         ctx.metric(TRAIN_SKIPPED_STEPS, self.skipped_steps, self.learner.version, policy=self.policy)
         ctx.producer.flush()
