@@ -51,6 +51,10 @@ class RunTopics:
     def deadletter(self) -> str:
         return f"{self.run}.deadletter"
 
+    def ledger(self, policy: str) -> str:
+        """What made each weight version of ``policy`` (``LedgerEntry``), written by its trainer."""
+        return f"{self.run}.ledger.{policy}"
+
     def stream_changelog(self, policy: str) -> str:
         """The native stream processor's state: half-filled groups, closed group ids, operator state."""
         return f"{self.run}.stream.{policy}.changelog"
@@ -67,6 +71,7 @@ class RunTopics:
             specs += [
                 TopicSpec(self.trajectories(policy), partitions=partitions),
                 TopicSpec(self.samples(policy), partitions=1),
+                TopicSpec(self.ledger(policy), partitions=1),
                 TopicSpec(self.weights(policy), partitions=2, max_message_bytes=chunk_bytes + MiB),
                 TopicSpec(
                     self.stream_changelog(policy),

@@ -1,5 +1,11 @@
 """Trainer consumer: train samples → PPO-clip steps → weight versions on the log.
 
+At start, before anything else, the trainer opens its transactional producer
+(``{run}.train.{policy}``), which fences an older trainer of the policy: that one can commit
+nothing more and exits at its next version without writing a checkpoint. It then reads its ledger
+(``trainer_ledger.py``: its epoch, which checkpoints are valid, the next version id), restores the
+newest valid checkpoint and publishes the weights it starts from (a ``start`` entry).
+
 Steps of one version (the order is the guarantee):
 
 1. Read samples of ``{run}.samples.{policy}`` in offset order until the oldest complete groups
@@ -13,22 +19,33 @@ Steps of one version (the order is the guarantee):
 2. One optimizer step on that batch (``astraflow.training.step``): version v → v + 1. A step
    whose loss or gradient is not finite changes nothing: the batch is dead-lettered, no version
    is published, the offsets move past it, and it is counted (``train.skipped_steps``).
-3. Every ``checkpoint_every`` versions: an atomic checkpoint of model, optimizer, version and, per
-   samples partition, the offset *after* the batch's last sample there (``CheckpointStore``), with
-   every version's offsets and the offsets this trainer resumed from (``astraflow audit`` reads
-   which samples were trained).
-4. Publish version v + 1 (chunks, then manifest) to ``{run}.weights.{policy}``: a sparse delta
-   against version v in the transfer dtype, or a full version (``weights.*``, ``weights/publish.py``).
-5. Commit the consumed offsets to the trainer's group (for ``lag``; resumption uses the checkpoint,
-   so a commit that fails, e.g. while the broker restarts, is only logged).
+3. Every ``checkpoint_every`` versions, before the version is visible (so with ``checkpoint_every``
+   1 every version readers can see has its checkpoint on disk): first a transaction that commits
+   only the offsets already committed - where a fenced trainer learns it was fenced
+   (``FencedError``) and exits without writing a checkpoint - then an atomic checkpoint of model,
+   optimizer, version, epoch and, per samples partition, the offset after the batch's last sample
+   there (``CheckpointStore``), with every version's offsets and the offsets this trainer resumed
+   from. The checkpoint stays out of the version's transaction, which so stays short however
+   large the model (Kafka aborts a transaction open longer than ``transaction.timeout.ms``).
+4. Begin the version's transaction; publish version v + 1 to ``{run}.weights.{policy}``: the chunks
+   (a sparse delta against version v in the transfer dtype, or a full version;
+   ``weights/publish.py``) flushed outside it, the manifest in it.
+5. Send the version's ``LedgerEntry`` to ``{run}.ledger.{policy}`` in it: epoch, version, the
+   version it was trained from, the samples partitions' ranges consumed since the last version,
+   the sample ids, the payload's sha256.
+6. Send the offsets after the batch as the trainer group's offsets in it (a fenced trainer that
+   skipped step 3 learns it here, having written nothing the log shows).
+7. Commit: manifest, ledger entry and offsets become visible together, or none of them.
 
 On a stop signal the trainer finishes its step and, when its version is not checkpointed yet,
 checkpoints it, so the run's final version is on disk (``astraflow run`` exports it to
 ``final/<policy>``) and a restart redoes nothing.
 
-A crash after 2 and before 3 redoes the steps since the last checkpoint from the same samples.
-Because checkpoints precede publishing, a version that readers saw is always a checkpointed one
-when ``checkpoint_every`` is 1; with larger intervals a redone version may be republished.
+A crash after 2 and before 7 leaves nothing of the version visible; a checkpoint it wrote is not
+in the ledger and is passed over. A crash after versions published since the last checkpoint (with
+``checkpoint_every`` above one) loses those versions: the restarted trainer publishes the
+checkpoint's weights under the next unused version id and trains the samples since the
+checkpoint again, into new versions; the ledger keeps both lineages apart.
 """
 
 from __future__ import annotations
@@ -36,15 +53,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 
-from astraflow.context import ComponentContext
-from astraflow.errors import AstraFlowError, LogError, NonFiniteStepError, error_reason
-from astraflow.log import Message, TopicPartition
+from astraflow.consumers.batch_assembler import BatchAssembler
+from astraflow.consumers.trainer_ledger import TrainerLedger, consumed_ranges
+from astraflow.context import ComponentContext, now_ms
+from astraflow.errors import AstraFlowError, FencedError, NonFiniteStepError, error_reason
+from astraflow.log import Consumer, Message, TopicPartition
 from astraflow.metric_names import TRAIN_REJECTED_SAMPLES, TRAIN_SKIPPED_STEPS, TRAIN_VERSION, train_metric
 from astraflow.models.base import base_checkpoint_path, model_limits
 from astraflow.rundir import RunDir
-from astraflow.schemas.records import TrainSample
+from astraflow.schemas.records import LedgerEntry, TrainSample
 from astraflow.schemas.validation import Limits, validate
 from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState
 from astraflow.weights.publish import WeightPublisher
@@ -54,58 +72,6 @@ logger = logging.getLogger(__name__)
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a larger advantage becomes infinite in the loss."""
-
-
-class BatchAssembler:
-    """Cuts the sample stream into batches of whole groups, strictly in offset order.
-
-    A dead-lettered member (``fail``) counts towards its group like a sample, so the group
-    completes; the batch holds only the samples, with every message it covers.
-    """
-
-    def __init__(self, batch_samples: int, group_size: int, remember: int = 200_000) -> None:
-        self.batch_samples = batch_samples
-        self.group_size = group_size
-        self.buffer: list[tuple[TrainSample | None, Message, str, int]] = []
-        """In offset order: the sample (``None``: dead-lettered), its message, its group id and size."""
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._remember = remember
-        self.duplicates = 0
-
-    def remember(self, sample_id: str) -> bool:
-        """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
-        if sample_id in self._seen:
-            return False
-        self._seen[sample_id] = None
-        if len(self._seen) > self._remember:
-            self._seen.popitem(last=False)
-        return True
-
-    def add(self, sample: TrainSample, message: Message) -> None:
-        if not self.remember(sample.sample_id):
-            self.duplicates += 1
-            return
-        self.buffer.append((sample, message, sample.trajectory.group_id, sample.trajectory.group_size))
-
-    def fail(self, message: Message, group_id: str | None) -> None:
-        """Count a dead-lettered sample of ``group_id`` (the record key; ``None``: its own group of one)."""
-        if group_id is None:
-            self.buffer.append((None, message, f"{message.partition}@{message.offset}", 1))
-        else:
-            self.buffer.append((None, message, group_id, self.group_size))
-
-    def take(self) -> list[tuple[TrainSample | None, Message]] | None:
-        """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
-        when the buffer's prefix holds enough whole groups."""
-        remaining: dict[str, int] = {}
-        for index, (_, _, gid, size) in enumerate(self.buffer):
-            remaining[gid] = remaining.get(gid, size) - 1
-            if remaining[gid] <= 0:
-                del remaining[gid]
-            if index + 1 >= self.batch_samples and not remaining:
-                batch, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
-                return [(sample, message) for sample, message, _, _ in batch]
-        return None
 
 
 class Trainer:
@@ -142,20 +108,37 @@ class Trainer:
             if cfg.backend == "deepspeed"
             else "",
         )
+        self.transactional_id = f"{ctx.config.run}.train.{policy}"
+        self.transactions = ctx.log.transactional_producer(self.transactional_id)  # fences an older trainer
+        ledger = TrainerLedger.read(ctx.log, ctx.codec, ctx.topics.ledger(policy))
+        self.epoch = ledger.next_epoch
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
-        restored = self.checkpoints.restore(model, self.learner.optimizer)
-        self.learner.version = restored.version if restored else 0
-        self.checkpointed = self.learner.version
+        restored = self.checkpoints.restore(model, self.learner.optimizer, accept=ledger.names)
+        self.checkpointed = restored.version if restored else 0
         """The newest checkpointed version (0: the base, which needs none)."""
+        self.learner.version = ledger.start_version(self.checkpointed)
+        self.parent = (restored.epoch, restored.version) if restored else (-1, -1)
+        """(epoch, version) of the ledger entry the next version is trained from."""
         self.offsets = restored.offsets if restored else {}
+        self.committed = dict(self.offsets)
+        """The offsets committed with the last version: where the next ledger entry's ranges start."""
         self.trained_samples = restored.trained_samples if restored else 0
         self.history = restored.history if restored else []
         self.resumes = restored.resumes + [dict(restored.offsets)] if restored else []
         if restored:
-            logger.info("resumed %s at version %d from offsets %s", policy, restored.version, self.offsets)
+            logger.info(
+                "trainer epoch %d resumed %s at version %d from offsets %s; publishing it as version %d",
+                self.epoch,
+                policy,
+                restored.version,
+                self.offsets,
+                self.learner.version,
+            )
         self.publisher = WeightPublisher(
             ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights, log=ctx.log
         )
+        self.consumer: Consumer | None = None
+        """The samples consumer of ``run``, whose group's offsets each version's transaction commits."""
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
@@ -167,12 +150,13 @@ class Trainer:
         self._recall_trained(partitions, assembler)
         for tp in partitions:
             consumer.seek(tp, self.offsets.get(tp.partition, 0))
+        self.consumer = consumer
         version = self.learner.version
-        self.publisher.publish(self.learner.model.state_dict(), version)
-        ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
-        ctx.producer.flush()
-        waited = 0.0
         try:
+            self._commit_version("start", [], full=True)
+            ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
+            ctx.producer.flush()
+            waited = 0.0
             while not stop.is_set():
                 t0 = time.perf_counter()
                 for message in consumer.poll(max_records=1024, timeout=0.5):
@@ -183,14 +167,56 @@ class Trainer:
                     continue
                 self._step(taken, waited)
                 waited = 0.0
-                try:
-                    consumer.commit({TopicPartition(topic, p): offset for p, offset in self.offsets.items()})
-                except LogError as exc:  # e.g. the broker restarting: only ``lag`` reads this commit
-                    logger.warning("commit of the trainer's offsets failed (resumption uses the checkpoint): %s", exc)
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
                 self._checkpoint()
         finally:
             consumer.close()
+            self.transactions.close()  # aborts a transaction left open by a failure
+
+    def _commit_version(self, kind: str, sample_ids: list[str], full: bool = False) -> None:
+        """Steps 3-7: a checkpoint when one is due; then the current weights as version
+        ``learner.version``, with its ledger entry and the offsets, in one transaction."""
+        ctx, version = self.ctx, self.learner.version
+        topic = ctx.topics.samples(self.policy)
+        try:
+            if kind == "step" and version % ctx.config.train.checkpoint_every == 0:
+                self.transactions.begin()  # step 3: fenced or not, before the checkpoint
+                partitions = [tp for tp in self.consumer.assignment() if tp.topic == topic]
+                self.transactions.send_offsets(
+                    self.consumer, {tp: self.committed.get(tp.partition, 0) for tp in partitions}
+                )
+                self.transactions.commit()
+                self._checkpoint()
+            self.transactions.begin()
+            manifest = self.publisher.publish(
+                self.learner.model.state_dict(), version, full=full, transaction=self.transactions
+            )
+            entry = LedgerEntry(
+                self.policy,
+                kind,
+                self.epoch,
+                version,
+                *self.parent,
+                consumed_ranges(self.committed, self.offsets),
+                sample_ids,
+                {str(partition): offset for partition, offset in self.offsets.items()},
+                manifest.sha256,
+                self.trained_samples,
+                now_ms(),
+            )
+            self.transactions.send(ctx.topics.ledger(self.policy), ctx.codec.encode(entry), key=str(version).encode())
+            self.transactions.send_offsets(
+                self.consumer, {TopicPartition(topic, p): offset for p, offset in self.offsets.items()}
+            )
+            self.transactions.commit()
+        except FencedError as exc:
+            raise FencedError(
+                f"the trainer of policy {self.policy!r} (epoch {self.epoch}) was fenced: a newer trainer of the"
+                f" policy opened transactional id {self.transactional_id!r}; this one exits without publishing"
+                f" version {version} or writing its checkpoint"
+            ) from exc
+        self.parent = (self.epoch, version)
+        self.committed = dict(self.offsets)
 
     def _admit(self, message: Message, assembler: BatchAssembler) -> None:
         """Add the sample of ``message`` to ``assembler``, or dead-letter it with the reason."""
@@ -295,9 +321,7 @@ class Trainer:
         self.trained_samples += len(batch)
         self._advance(taken)
         self.history.append((version, dict(self.offsets)))
-        if version % ctx.config.train.checkpoint_every == 0:
-            self._checkpoint()
-        manifest = self.publisher.publish(learner.model.state_dict(), version)
+        self._commit_version("step", [sample.sample_id for sample in batch])
         changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
         figures = {
             "loss": stats.loss,
@@ -306,7 +330,7 @@ class Trainer:
             "wait_seconds": waited,
             "staleness_max": max(staleness),
             "samples": self.trained_samples,
-            "weights_bytes": manifest.total_bytes,
+            "weights_bytes": self.publisher.last_stats.total_bytes,
             "weights_changed_fraction": changed,
             **stats.loss_stats,
         }
@@ -332,6 +356,7 @@ class Trainer:
             list(self.history),
             list(self.resumes),
             RECALL_WINDOW,
+            self.epoch,
         )
         self.checkpoints.save(self.learner.model, self.learner.optimizer, state)
         self.checkpointed = self.learner.version

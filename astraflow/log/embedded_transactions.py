@@ -6,8 +6,10 @@ transactional id in ``producer_epochs``:
 
 1. Creating the producer bumps the id's epoch (inserting it at 1) and keeps the new value: every
    older producer with the id now holds a stale epoch.
-2. ``begin`` reads the epoch and raises ``FencedError`` if it moved on; ``send`` and
-   ``send_offsets`` only buffer, in order.
+2. ``begin`` and ``send_offsets`` read the epoch and raise ``FencedError`` if it moved on (as
+   Kafka's coordinator answers the offsets of a fenced producer), so a stage learns it was fenced
+   before it acts on a transaction it could not commit; ``send`` and ``send_offsets`` only buffer,
+   in order.
 3. ``commit`` runs one ``BEGIN IMMEDIATE ... COMMIT`` transaction that
    a. reads the epoch again and raises ``FencedError`` if it moved on (SQLite serialises writers,
       so no newer producer can appear between this check and the ``COMMIT``);
@@ -73,6 +75,7 @@ class EmbeddedTransactionalProducer(TransactionalProducer):
             raise LogError(f"send_offsets needs a consumer of the embedded log, got {type(consumer).__name__}")
         if consumer.group_id is None:
             raise LogError("send_offsets needs a consumer with a group_id")
+        self._store.read(self._check_epoch)
         if offsets:
             self._offsets.append((consumer, dict(offsets)))
 

@@ -135,6 +135,35 @@ class WeightChunk:
 
 
 @dataclass
+class OffsetRange:
+    """The records [start, end) of one partition of a topic."""
+
+    SCHEMA: ClassVar[str] = "OffsetRange"
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass
+class LedgerEntry:
+    """What made one weight version of a policy: committed with the version by its trainer."""
+
+    SCHEMA: ClassVar[str] = "LedgerEntry"
+    policy: str
+    kind: str  # "step" | "start"
+    epoch: int
+    version: int
+    parent_epoch: int
+    parent_version: int
+    ranges: list[OffsetRange] = field(default_factory=list)
+    sample_ids: list[str] = field(default_factory=list)
+    offsets: dict[str, int] = field(default_factory=dict)
+    payload_sha256: str = ""
+    trained_samples: int = 0
+    created_ms: int = 0
+
+
+@dataclass
 class PromptStats:
     """Outcome of one group of a prompt, fed back to the task feeder's curators."""
 
@@ -185,13 +214,27 @@ class DeadLetter:
 
 RECORD_TYPES: dict[str, type] = {
     cls.SCHEMA: cls
-    for cls in (RolloutTask, Turn, Trajectory, TrainSample, TensorSpec, WeightChunk, PromptStats, Metric, DeadLetter)
+    for cls in (
+        RolloutTask,
+        Turn,
+        Trajectory,
+        TrainSample,
+        TensorSpec,
+        WeightChunk,
+        OffsetRange,
+        LedgerEntry,
+        PromptStats,
+        Metric,
+        DeadLetter,
+    )
 }
 
 __all__ = [
     "RECORD_TYPES",
     "DeadLetter",
+    "LedgerEntry",
     "Metric",
+    "OffsetRange",
     "PromptStats",
     "RolloutTask",
     "TensorSpec",

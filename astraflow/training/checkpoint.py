@@ -6,7 +6,10 @@ Steps of a save (why a crash at any point leaves either the old or the new check
 2. Rename the directory to ``v{v:08d}/`` (atomic on one filesystem) and fsync the parent.
 3. Delete checkpoints older than the newest ``keep``.
 
-A reader takes the newest directory without the ``.tmp`` suffix. The consumed offsets are the
+A reader takes the newest directory without the ``.tmp`` suffix; the trainer restores the newest
+one that its ledger names (``accept``): it writes a checkpoint before it commits the version, so one
+whose commit never happened (a crash in between, or a fenced trainer) is passed over, and a later
+checkpoint with the same version number replaces it. The consumed offsets are the
 log offsets of the *next* sample to train on, so a resumed trainer seeks there: a crash between an
 optimizer step and its checkpoint redoes that step from the same samples and never skips data.
 The state also keeps which offsets went into which version and where the trainer resumed, so
@@ -20,7 +23,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +47,8 @@ class TrainerState:
     recall_window: int = 0
     """On a restart the trainer re-reads the ids of this many samples per partition below the
     resumed offsets, so duplicates are dropped across restarts too (0: its memory began empty)."""
+    epoch: int = 0
+    """The trainer epoch whose ledger entry names this version (0: written before the ledger existed)."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -54,6 +59,7 @@ class TrainerState:
                 "history": self.history,
                 "resumes": self.resumes,
                 "recall_window": self.recall_window,
+                "epoch": self.epoch,
             }
         )
 
@@ -71,6 +77,7 @@ class TrainerState:
             [(v, offsets(o)) for v, o in raw.get("history", [])],
             [offsets(o) for o in raw.get("resumes", [])],
             raw.get("recall_window", 0),
+            raw.get("epoch", 0),
         )
 
 
@@ -115,6 +122,8 @@ class CheckpointStore:
         final = version_dir(self.directory, state.version)
         tmp = final.with_name(final.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=False)
+        if final.exists():  # a checkpoint of this number whose version was never committed
+            shutil.rmtree(final)
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "state.json").write_text(state.to_json())
@@ -131,13 +140,21 @@ class CheckpointStore:
             shutil.rmtree(old)
         return final
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState | None:
-        """Load the newest checkpoint into ``model`` and ``optimizer``; ``None`` when there is none."""
+    def restore(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        accept: Callable[[TrainerState], bool] = lambda state: True,
+    ) -> TrainerState | None:
+        """Load the newest checkpoint whose state ``accept`` takes into ``model`` and ``optimizer``;
+        ``None`` when there is none."""
         import torch
 
-        latest = self.latest()
-        if latest is None:
-            return None
-        model.load_state_dict(torch.load(latest / "model.pt", weights_only=True))
-        optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
-        return TrainerState.from_json((latest / "state.json").read_text())
+        done = sorted(p for p in self.directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
+        for directory in reversed(done):
+            state = TrainerState.from_json((directory / "state.json").read_text())
+            if accept(state):
+                model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
+                optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+                return state
+        return None

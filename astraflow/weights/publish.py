@@ -15,9 +15,11 @@ Steps of one publish (what makes a version atomic and exact for readers):
 4. The manifest (version, base version and base sha256, tensor table, total size, sha256 of the
    payload, with a store the chunks' URI, and the chunk partition's end before step 3, from which
    a new reader that starts at this version reads its chunks) is sent to the manifest partition
-   and flushed. A reader applies a version only after it holds the manifest and every chunk, the
-   checksum matches and, for a delta, it holds exactly the base (version and sha256), so a crash
-   mid-publish leaves no version and no wrong weights.
+   and flushed; or, given a ``transaction``, sent in it, to become visible when the caller commits
+   (the trainer commits it with its ledger entry and offsets). A reader applies a version only
+   after it holds the manifest and every chunk, the checksum matches and, for a delta, it holds
+   exactly the base (version and sha256), so a crash mid-publish leaves no version and no wrong
+   weights.
 5. With ``keep_versions`` (8 by default), versions no longer kept are deleted from the topic and
    the store (``retention.py``).
 """
@@ -32,7 +34,7 @@ from typing import Mapping
 from astraflow.config import WeightsConfig
 from astraflow.context import now_ms
 from astraflow.errors import WeightsError
-from astraflow.log import Log, Producer
+from astraflow.log import Log, Producer, TransactionalProducer
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
@@ -99,8 +101,11 @@ class WeightPublisher:
         self._spare: dict | None = None
         self._last_full = -1
 
-    def publish(self, state: Mapping, version: int, full: bool = False) -> WeightChunk:
-        """Send ``state`` as ``version``; ``full`` forces a complete version. Returns the manifest."""
+    def publish(
+        self, state: Mapping, version: int, full: bool = False, transaction: TransactionalProducer | None = None
+    ) -> WeightChunk:
+        """Send ``state`` as ``version``; ``full`` forces a complete version; with ``transaction``
+        (open) the manifest goes into it (step 4). Returns the manifest."""
         from astraflow.weights.payload import build_payload, to_transfer
 
         started = time.perf_counter()
@@ -126,7 +131,14 @@ class WeightPublisher:
             chunk_offset=start.get(WEIGHTS_CHUNK_PARTITION, -1),
         )
         manifest = send_version(
-            self.producer, self.codec, self.topic, outline, payload.buffer, self.config.chunk_bytes, self._store
+            self.producer,
+            self.codec,
+            self.topic,
+            outline,
+            payload.buffer,
+            self.config.chunk_bytes,
+            self._store,
+            transaction,
         )
         if self._previous is not None and self._previous.state is not transfer:
             self._spare = self._previous.state  # nobody reads the old base any more: the next copy goes there
@@ -169,10 +181,12 @@ def send_version(
     payload: bytearray,
     chunk_bytes: int,
     store: ChunkStore | None = None,
+    transaction: TransactionalProducer | None = None,
 ) -> WeightChunk:
     """Steps 3-4 of a publish: checksum ``payload``, send its chunks (or put them in ``store``), then
-    the manifest, each flushed. ``outline`` gives the manifest's policy, version, base, encoding and
-    tensors; sizes, checksum, store URI and time are filled in. Returns the manifest as sent."""
+    the manifest, each flushed; the manifest into ``transaction`` instead when one is given.
+    ``outline`` gives the manifest's policy, version, base, encoding and tensors; sizes, checksum,
+    store URI and time are filled in. Returns the manifest as sent."""
     digest = hashlib.sha256(payload).hexdigest()
     total = len(payload)
     view = memoryview(payload)
@@ -206,6 +220,9 @@ def send_version(
         store_uri=uri,
         created_ms=now_ms(),
     )
+    if transaction is not None:
+        transaction.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
+        return manifest
     producer.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
     producer.flush()
     return manifest

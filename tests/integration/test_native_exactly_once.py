@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.consumers.trainer import BatchAssembler
+from astraflow.consumers.batch_assembler import BatchAssembler
 from astraflow.context import ComponentContext
 from astraflow.errors import TransactionAbortedError
 from astraflow.log import Log, TopicPartition, TransactionalProducer

@@ -196,7 +196,7 @@ def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
         RUN,
         "embedded",
         "stopped",
-        12,  # per policy: trajectories, samples, weights, the stream's changelog; and tasks, feedback, metrics, DLQ
+        14,  # per policy: trajectories, samples, ledger, weights, the stream's changelog; tasks, feedback, metrics, DLQ
         14,
     )
     (recorded.run_dir / "summary.json").write_text(json.dumps({"final_accuracy": 0.6, "versions": 2}))
@@ -212,7 +212,7 @@ def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is live"):
         remove_run(ref)
     removed = remove_run(ref, force=True)
-    assert len(removed) == 13 and removed[-1] == str(recorded.run_dir)
+    assert len(removed) == 15 and removed[-1] == str(recorded.run_dir)
     assert not recorded.run_dir.exists() and list_runs(root) == []
     with pytest.raises(ConfigError, match="no run 'demo'"):
         resolve_run(RUN, root)

@@ -1,0 +1,64 @@
+"""Cuts a policy's sample stream into batches of whole groups, strictly in the order read.
+
+A batch is a prefix of what was read, and each samples partition arrives in offset order, so a
+batch covers, per partition, every record below its last one there that no earlier batch took.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from astraflow.log import Message
+from astraflow.schemas.records import TrainSample
+
+
+class BatchAssembler:
+    """Cuts the sample stream into batches of whole groups, strictly in offset order.
+
+    A dead-lettered member (``fail``) counts towards its group like a sample, so the group
+    completes; the batch holds only the samples, with every message it covers.
+    """
+
+    def __init__(self, batch_samples: int, group_size: int, remember: int = 200_000) -> None:
+        self.batch_samples = batch_samples
+        self.group_size = group_size
+        self.buffer: list[tuple[TrainSample | None, Message, str, int]] = []
+        """In offset order: the sample (``None``: dead-lettered), its message, its group id and size."""
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember
+        self.duplicates = 0
+
+    def remember(self, sample_id: str) -> bool:
+        """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
+        if sample_id in self._seen:
+            return False
+        self._seen[sample_id] = None
+        if len(self._seen) > self._remember:
+            self._seen.popitem(last=False)
+        return True
+
+    def add(self, sample: TrainSample, message: Message) -> None:
+        if not self.remember(sample.sample_id):
+            self.duplicates += 1
+            return
+        self.buffer.append((sample, message, sample.trajectory.group_id, sample.trajectory.group_size))
+
+    def fail(self, message: Message, group_id: str | None) -> None:
+        """Count a dead-lettered sample of ``group_id`` (the record key; ``None``: its own group of one)."""
+        if group_id is None:
+            self.buffer.append((None, message, f"{message.partition}@{message.offset}", 1))
+        else:
+            self.buffer.append((None, message, group_id, self.group_size))
+
+    def take(self) -> list[tuple[TrainSample | None, Message]] | None:
+        """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
+        when the buffer's prefix holds enough whole groups."""
+        remaining: dict[str, int] = {}
+        for index, (_, _, gid, size) in enumerate(self.buffer):
+            remaining[gid] = remaining.get(gid, size) - 1
+            if remaining[gid] <= 0:
+                del remaining[gid]
+            if index + 1 >= self.batch_samples and not remaining:
+                batch, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
+                return [(sample, message) for sample, message, _, _ in batch]
+        return None
