@@ -1,44 +1,44 @@
-"""``astraflow audit``: the fate of every trajectory of a run, from its log and its trainer checkpoint.
+"""``astraflow audit``: the fate of every trajectory of a run, from its log's records alone.
 
 Every trajectory id on ``{run}.trajectories.{policy}`` should end in exactly one recorded fate.
-Where each is recorded (audit reads nothing else: no component's memory, no log files):
+Where each is recorded (audit reads records only: no checkpoint, no component's memory, no log
+files, and none of the trainer's code):
 
-- **trained into version v**: its TrainSample (not a replayed copy) lies on ``{run}.samples.{policy}``
-  below the offsets of the trainer's newest checkpoint, whose history says which version's batch
-  held that offset. The trainer drops a sample id it already took since it (re)started, so a copy
-  that a stream processor re-emitted after a crash is trained once - unless the trainer resumed
-  from a checkpoint between the two copies: that trajectory is *trained twice*.
+- **trained into version v**: a ``step`` entry of ``{run}.ledger.{policy}`` on the *live lineage*
+  names its sample. The trainer commits one entry per version with the version it was trained
+  from (its parent); the live lineage is the chain of parents from the newest entry down to the
+  base. Entries off it are versions a crash lost (published after the trainer's last valid
+  checkpoint): their samples were trained again, or will be, into the live lineage. A trajectory
+  whose (non-replayed) sample two live entries name is *trained twice*.
 - **filtered**: a PromptStats on ``{run}.feedback.{workflow}`` with ``accepted`` false lists the
   group's trajectory ids and the reason (``<operator>: <detail>``; counted by operator).
-- **dead-lettered**: a DeadLetter names the trajectory record's topic, partition and offset.
-- **pending**: not decided yet - its sample lies at or beyond the checkpointed offsets (trainer),
-  or its record at or beyond the stream processors' committed offset without a fate, or in a
-  half-filled group of either stream runtime's changelog (stream), both of which commit past such records.
-- **lost**: none of these, although the stream processors committed past its record.
+- **dead-lettered**: a DeadLetter names the trajectory record's topic, partition and offset, or
+  that of its sample on the samples topic (the trainer's dead letters).
+- **pending**: not decided yet - its sample lies at or beyond the newest entry's offsets, or only
+  a lost version trained it (trainer); or its record lies at or beyond the stream processors'
+  committed offset without a fate, or in a half-filled group of either stream runtime's changelog
+  (stream), both of which commit past such records.
+- **lost**: none of these, although the stream processors committed past its record, or the
+  trainer's offsets passed its sample without an entry naming it, a dead letter, or an entry
+  naming another copy of it.
 
 When several fates are recorded (a group re-processed after a crash) the first of that list wins.
 A record that does not decode has no id: it is one item, named ``@partition:offset``. Replayed
-copies (a replay mixer's ``#replayN`` samples) are counted apart, since training them again is
-the mixer's intent. The trainer forgets sample ids after ``BatchAssembler``'s ``remember``
-(200,000); audit never forgets, which differs only for copies further apart than that.
+copies (a replay mixer's ``#replayN`` samples, an offline mixer's ``#offlineN``) are counted apart,
+since training them again is the mixer's intent. Each topic is read once, front to back, so the
+cost is linear in the number of records.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from astraflow.attach import AttachedRun, decode_snapshot, read_snapshot
 from astraflow.log import TopicPartition
-from astraflow.rundir import RunDir
-from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
-from astraflow.training.checkpoint import TrainerState, read_latest_state
-
-UNKNOWN_VERSION = -1
-"""Version of a trained sample that the checkpoint's history does not cover (an older trainer)."""
+from astraflow.schemas.records import DeadLetter, LedgerEntry, PromptStats, TrainSample, Trajectory
 
 
 @dataclass
@@ -61,7 +61,13 @@ class PolicyAudit:
     replays_trained: int = 0
     """Replayed copies trained (not counted as duplicates)."""
     copies_dropped: int = 0
-    """Samples the trainer dropped as copies of one it had already taken."""
+    """Samples the trainer read and dropped as copies of one the live lineage trained."""
+    lost_versions: int = 0
+    """Ledger entries off the live lineage: versions published after a checkpoint and lost in a crash."""
+    retrained: int = 0
+    """Trajectories trained into a lost version and again into the live lineage (not twice: once kept)."""
+    epochs: int = 0
+    """Trainer epochs in the ledger: starts of the policy's trainer."""
 
     @property
     def items(self) -> int:
@@ -106,34 +112,17 @@ def reason_kind(letter: DeadLetter) -> str:
     return f"{word}: {re.sub(r'-?[0-9]+(?:[.][0-9]+)?', '#', detail)[:70]}"
 
 
-def _trained_version(state: TrainerState, partition: int, offset: int) -> int:
-    ends = [offsets.get(partition, 0) for _, offsets in state.history]
-    index = bisect_right(ends, offset)
-    return state.history[index][0] if index < len(state.history) else UNKNOWN_VERSION
-
-
-class _TrainerMemory:
-    """The trainer's duplicate memory: ids taken in its current lifetime, plus after each restart
-    the ids of the ``recall_window`` samples below the resumed offset (``Trainer._recall_trained``)."""
-
-    def __init__(self, state: TrainerState, samples: list) -> None:
-        self.state = state
-        self.ids = {(m.partition, m.offset): s.sample_id for m, s in samples}
-        self.lifetime: dict[int, int] = {}
-        self.seen: dict[int, set[str]] = {}
-
-    def take(self, partition: int, offset: int, sample_id: str) -> bool:
-        starts = [resume.get(partition, 0) for resume in self.state.resumes]
-        lifetime = bisect_right(starts, offset)
-        if self.lifetime.get(partition) != lifetime:
-            self.lifetime[partition] = lifetime
-            start = starts[lifetime - 1] if lifetime else 0
-            recalled = range(max(0, start - self.state.recall_window), start) if lifetime else range(0)
-            self.seen[partition] = {self.ids[(partition, o)] for o in recalled if (partition, o) in self.ids}
-        if sample_id in self.seen[partition]:
-            return False
-        self.seen[partition].add(sample_id)
-        return True
+def live_lineage(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, set[tuple[int, int]]]:
+    """The newest entry, and the (epoch, version) of every entry on the chain of parents from it."""
+    by_key = {(entry.epoch, entry.version): entry for entry in entries}
+    if not by_key:
+        return None, set()
+    head = max(by_key.values(), key=lambda entry: (entry.version, entry.epoch))
+    live, entry = set(), head
+    while entry is not None and (entry.epoch, entry.version) not in live:
+        live.add((entry.epoch, entry.version))
+        entry = by_key.get((entry.parent_epoch, entry.parent_version))
+    return head, live
 
 
 def held_by_faust_table(run: AttachedRun, policy: str) -> set[str]:
@@ -169,6 +158,7 @@ def _audit_policy(
     letters: dict[tuple[str, int, int], DeadLetter],
     feedback: list[PromptStats],
     committed: dict[TopicPartition, int],
+    has_ledger: bool,
 ) -> PolicyAudit:
     result = PolicyAudit(policy)
     trajectories = f"{run.name}.trajectories.{policy}"
@@ -187,27 +177,49 @@ def _audit_policy(
             for trajectory_id in stats.trajectory_ids:
                 filtered[trajectory_id] = stats.drop_reason.partition(":")[0] or "unknown"
 
-    state = read_latest_state(RunDir(run.run_dir).checkpoints(policy)) or TrainerState(0, {}, 0)
-    trained: dict[str, list[int]] = defaultdict(list)
-    beyond_checkpoint: set[str] = set()
-    samples = sorted(
-        ((m, s) for m, s in decode_snapshot(run.log, f"{run.name}.samples.{policy}") if isinstance(s, TrainSample)),
-        key=lambda pair: (pair[0].partition, pair[0].offset),
-    )  # others: dead-lettered by the trainer
-    seen = _TrainerMemory(state, samples)
+    samples_topic, ledger = f"{run.name}.samples.{policy}", f"{run.name}.ledger.{policy}"
+    samples = [(m, s) for m, s in decode_snapshot(run.log, samples_topic) if isinstance(s, TrainSample)]
+    of_sample = {sample.sample_id: sample for _, sample in samples}  # others: dead-lettered by the trainer
+    entries = [e for _, e in decode_snapshot(run.log, ledger) if isinstance(e, LedgerEntry)] if has_ledger else []
+    head, live = live_lineage(entries)
+    result.epochs = len({entry.epoch for entry in entries})
+    result.lost_versions = len(entries) - len(live)
+    trained: dict[str, list[int]] = defaultdict(list)  # trajectory id → live versions that trained it
+    live_ids: Counter[str] = Counter()  # sample id → live entries that name it
+    in_lost_version: set[str] = set()
+    for entry in entries:
+        is_live = (entry.epoch, entry.version) in live
+        for sample_id in entry.sample_ids:
+            sample = of_sample.get(sample_id)
+            replayed = sample is None or sample.replayed  # None: an offline sample of another run
+            if is_live:
+                live_ids[sample_id] += 1
+                if replayed:
+                    result.replays_trained += 1
+                else:
+                    trained[sample.trajectory.trajectory_id].append(entry.version)
+            elif not replayed:
+                in_lost_version.add(sample.trajectory.trajectory_id)
+    result.retrained = len(in_lost_version & set(trained))
+    consumed = {int(p): offset for p, offset in head.offsets.items()} if head is not None else {}
+    records_of: Counter[str] = Counter()  # live-trained sample id → its records the trainer consumed
+    beyond_trainer: set[str] = set()
+    passed_over: set[str] = set()  # consumed by the trainer, yet no entry names it and no dead letter
     for message, sample in samples:
         tid = sample.trajectory.trajectory_id
-        if message.offset >= state.offsets.get(message.partition, 0):
+        letter = letters.get((samples_topic, message.partition, message.offset))
+        if message.offset >= consumed.get(message.partition, 0):
             if not sample.replayed:
-                beyond_checkpoint.add(tid)
-            continue
-        if not seen.take(message.partition, message.offset, sample.sample_id):
-            result.copies_dropped += 1
-            continue
-        if sample.replayed:
-            result.replays_trained += 1
-        else:
-            trained[tid].append(_trained_version(state, message.partition, message.offset))
+                beyond_trainer.add(tid)
+        elif sample.sample_id in live_ids:
+            records_of[sample.sample_id] += 1
+        elif letter is not None:
+            if not sample.replayed:
+                dead.setdefault(tid, reason_kind(letter))
+        elif not sample.replayed:
+            passed_over.add(tid)
+    result.copies_dropped = sum(max(0, count - live_ids[sid]) for sid, count in records_of.items())
+    pending_trainer = beyond_trainer | (in_lost_version - set(trained))
 
     held = held_by_faust_table(run, policy) | held_by_native_changelog(run, policy)
     counts: dict[str, Counter] = {"trained": Counter(), "filtered": Counter(), "dead": Counter(), "pending": Counter()}
@@ -216,12 +228,14 @@ def _audit_policy(
             counts["trained"][trained[item][0]] += 1
             if len(trained[item]) > 1:
                 result.trained_twice.append(item)
-        elif item in beyond_checkpoint:
+        elif item in pending_trainer:
             counts["pending"]["trainer"] += 1
         elif item in filtered:
             counts["filtered"][filtered[item]] += 1
         elif item in dead:
             counts["dead"][dead[item]] += 1
+        elif item in passed_over:
+            result.lost.append(item)
         elif item in held or any(offset >= committed.get(TopicPartition(trajectories, p), 0) for p, offset in places):
             counts["pending"]["stream"] += 1
         else:
@@ -256,7 +270,9 @@ def audit_run(run: AttachedRun) -> AuditReport:
     for policy in policies:
         committed.update(groups.get(f"{run.name}.stream.{policy}", {}))
     return AuditReport(
-        run.name, [_audit_policy(run, p, letters, feedback, committed) for p in policies], dict(tasks.most_common())
+        run.name,
+        [_audit_policy(run, p, letters, feedback, committed, f"{run.name}.ledger.{p}" in topics) for p in policies],
+        dict(tasks.most_common()),
     )
 
 
@@ -265,8 +281,7 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
     lines = [f"audit of run {report.run}"]
     for p in report.policies:
         trained = sum(p.trained.values())
-        span = [v for v in p.trained if v != UNKNOWN_VERSION]
-        where = f"versions {min(span)}..{max(span)}" if span else "no recorded version"
+        where = f"versions {min(p.trained)}..{max(p.trained)}" if p.trained else "no version"
         lines += [
             f"policy {p.policy}: {p.items} trajectories in {p.records} records",
             (
@@ -279,6 +294,10 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
             f"  lost           {len(p.lost):>7}  {' '.join(p.lost[:5])}",
             f"  trained twice  {len(p.trained_twice):>7}  {' '.join(p.trained_twice[:5])}",
             f"  accounted      {p.accounted:>7}  of {p.items}",
+            (
+                f"  ledger: {p.epochs} trainer epoch(s), {p.lost_versions} version(s) lost in crashes,"
+                f" {p.retrained} trajectories of them trained again"
+            ),
         ]
         if versions:
             lines += [f"    version {v}: {n}" for v, n in p.trained.items()]

@@ -24,8 +24,7 @@ Steps of one version (the order is the guarantee):
    only the offsets already committed - where a fenced trainer learns it was fenced
    (``FencedError``) and exits without writing a checkpoint - then an atomic checkpoint of model,
    optimizer, version, epoch and, per samples partition, the offset after the batch's last sample
-   there (``CheckpointStore``), with every version's offsets and the offsets this trainer resumed
-   from. The checkpoint stays out of the version's transaction, which so stays short however
+   there (``CheckpointStore``). The checkpoint stays out of the version's transaction, which so stays short however
    large the model (Kafka aborts a transaction open longer than ``transaction.timeout.ms``).
 4. Begin the version's transaction; publish version v + 1 to ``{run}.weights.{policy}``: the chunks
    (a sparse delta against version v in the transfer dtype, or a full version;
@@ -123,8 +122,6 @@ class Trainer:
         self.committed = dict(self.offsets)
         """The offsets committed with the last version: where the next ledger entry's ranges start."""
         self.trained_samples = restored.trained_samples if restored else 0
-        self.history = restored.history if restored else []
-        self.resumes = restored.resumes + [dict(restored.offsets)] if restored else []
         if restored:
             logger.info(
                 "trainer epoch %d resumed %s at version %d from offsets %s; publishing it as version %d",
@@ -320,7 +317,6 @@ class Trainer:
         version = learner.version
         self.trained_samples += len(batch)
         self._advance(taken)
-        self.history.append((version, dict(self.offsets)))
         self._commit_version("step", [sample.sample_id for sample in batch])
         changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
         figures = {
@@ -349,15 +345,7 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         """An atomic checkpoint of the current version, with the offsets after its batch."""
-        state = TrainerState(
-            self.learner.version,
-            dict(self.offsets),
-            self.trained_samples,
-            list(self.history),
-            list(self.resumes),
-            RECALL_WINDOW,
-            self.epoch,
-        )
+        state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch)
         self.checkpoints.save(self.learner.model, self.learner.optimizer, state)
         self.checkpointed = self.learner.version
 

@@ -12,8 +12,8 @@ whose commit never happened (a crash in between, or a fenced trainer) is passed 
 checkpoint with the same version number replaces it. The consumed offsets are the
 log offsets of the *next* sample to train on, so a resumed trainer seeks there: a crash between an
 optimizer step and its checkpoint redoes that step from the same samples and never skips data.
-The state also keeps which offsets went into which version and where the trainer resumed, so
-``astraflow audit`` can tell from the newest checkpoint alone which samples were trained, when.
+Which samples went into which version is the ledger's (``consumers/trainer_ledger.py``), not the
+checkpoint's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -39,14 +39,6 @@ class TrainerState:
     offsets: dict[int, int]
     """Samples-topic partition → next offset to consume."""
     trained_samples: int
-    history: list[tuple[int, dict[int, int]]] = field(default_factory=list)
-    """(version, ``offsets`` after its batch) of every version trained, oldest first: the samples
-    below those offsets and at or above the previous version's were trained into that version."""
-    resumes: list[dict[int, int]] = field(default_factory=list)
-    """The offsets each restart of the trainer resumed from."""
-    recall_window: int = 0
-    """On a restart the trainer re-reads the ids of this many samples per partition below the
-    resumed offsets, so duplicates are dropped across restarts too (0: its memory began empty)."""
     epoch: int = 0
     """The trainer epoch whose ledger entry names this version (0: written before the ledger existed)."""
 
@@ -56,9 +48,6 @@ class TrainerState:
                 "version": self.version,
                 "offsets": self.offsets,
                 "trained_samples": self.trained_samples,
-                "history": self.history,
-                "resumes": self.resumes,
-                "recall_window": self.recall_window,
                 "epoch": self.epoch,
             }
         )
@@ -66,19 +55,8 @@ class TrainerState:
     @classmethod
     def from_json(cls, text: str) -> "TrainerState":
         raw = json.loads(text)
-
-        def offsets(d: dict) -> dict[int, int]:
-            return {int(k): v for k, v in d.items()}
-
-        return cls(
-            raw["version"],
-            offsets(raw["offsets"]),
-            raw["trained_samples"],
-            [(v, offsets(o)) for v, o in raw.get("history", [])],
-            [offsets(o) for o in raw.get("resumes", [])],
-            raw.get("recall_window", 0),
-            raw.get("epoch", 0),
-        )
+        offsets = {int(partition): offset for partition, offset in raw["offsets"].items()}
+        return cls(raw["version"], offsets, raw["trained_samples"], raw.get("epoch", 0))
 
 
 def version_dir(directory: Path, version: int) -> Path:

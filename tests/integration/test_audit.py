@@ -1,11 +1,13 @@
-"""``astraflow audit`` on a run recorded by hand: real Avro records on a real log, one checkpoint.
+"""``astraflow audit`` on a run recorded by hand: real Avro records on a real log, and a ledger.
 
-The run (group size 2, one partition) holds a group of each fate: trained into versions 1 and 2
-(with a replayed copy, and copies that a crashed stream processor re-emitted), filtered by
-zero_variance, a NaN member dead-lettered with its sibling dropped as incomplete, a corrupt
-member likewise, one group beyond the trainer's checkpoint and one beyond the stream's committed
-offset. The faulty run adds a group that nothing accounts for, and a trainer that resumed
-between the re-emitted copies, so it trained them twice.
+The run (group size 2, one partition) holds a group of each fate: trained into versions 1, 2 and
+3 (with a replayed copy, and copies that a crashed stream processor re-emitted, which the trainer
+dropped), filtered by zero_variance, a NaN member dead-lettered with its sibling dropped as
+incomplete, a corrupt member likewise, one group trained only into a version a crash lost (the
+trainer restarted from version 3's checkpoint, so it is pending again) and one beyond the
+stream's committed offset. The faulty run's ledger has version 3 train the re-emitted copies (so
+those trajectories are trained twice) instead of g9, whose samples the trainer's offsets then
+passed without a trace (lost), and a group that nothing accounts for.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
-from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
+from astraflow.schemas.records import DeadLetter, LedgerEntry, OffsetRange, PromptStats, TrainSample, Trajectory
 from astraflow.topics import RunTopics
-from astraflow.training.checkpoint import TrainerState
 
 
 def trajectory(group: str, index: int, reward: float = 1.0) -> Trajectory:
@@ -52,7 +53,7 @@ def stats(group: str, ids: list[str], reason: str = "") -> PromptStats:
     return PromptStats(group, group, "math", "main", 0, len(ids), 0.5, 0.5, 0.5, not reason, reason, 0, ids)
 
 
-def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, recall_window: int = 0) -> None:
+def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, retrain: bool = False) -> None:
     config = parse_config({"run": run, "rollout": {"group_size": 2}, "log": {**log_section, "partitions": 1}})
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")
@@ -60,13 +61,14 @@ def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, recall_
     codec = Codec()
     trajectories = [trajectory(g, i) for g in ("g1", "g2", "g3") for i in (0, 1)]
     trajectories += [trajectory("g4", 0, float("nan")), trajectory("g4", 1), b"garbage", trajectory("g5", 1)]
-    trajectories += [trajectory("g6", i) for i in (0, 1)] + [trajectory("g8", i) for i in (0, 1) if faulty]
+    trajectories += [trajectory(g, i) for g in ("g6", "g9") for i in (0, 1)]
+    trajectories += [trajectory("g8", i) for i in (0, 1) if faulty]
     committed = len(trajectories)
     trajectories += [trajectory("g7", i) for i in (0, 1)]
     samples = [TrainSample(f"{g}/{i}", trajectory(g, i), 1.0, 3) for g in ("g1", "g2") for i in (0, 1)]
     samples += [TrainSample("g1/0#replay1", trajectory("g1", 0), 1.0, 3, replayed=True)]
     samples += [TrainSample(f"g2/{i}", trajectory("g2", i), 1.0, 3) for i in (0, 1)]  # re-emitted after a crash
-    samples += [TrainSample(f"g6/{i}", trajectory("g6", i), 1.0, 3) for i in (0, 1)]
+    samples += [TrainSample(f"{g}/{i}", trajectory(g, i), 1.0, 3) for g in ("g9", "g6") for i in (0, 1)]
     traj_topic = topics.trajectories("main")
     letters = [
         DeadLetter("stream-1", "invalid trajectory g4/0: reward: non-finite nan", "", traj_topic, 0, 6, b"g4", b"", 0),
@@ -92,7 +94,21 @@ def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, recall_
         stats("g4", ["g4/1"], "incomplete: 1 member(s) dead-lettered (g4/0)"),
         stats("g5", ["g5/1"], "incomplete: 1 member(s) dead-lettered (0@8)"),
         stats("g6", ["g6/0", "g6/1"]),
+        stats("g9", ["g9/0", "g9/1"]),
     ]
+    # samples 0-1 g1, 2-3 g2, 4 g1's replayed copy, 5-6 g2's copies, 7-8 g9, 9-10 g6; version 4 is lost
+    # in a crash and epoch 2 restarts from version 3's checkpoint, publishing it as version 5
+    third = ["g1/0#replay1"] + (["g2/0", "g2/1"] if faulty else ["g9/0", "g9/1"])
+    ledger = [
+        entry(1, "start", 0, (-1, -1), [], 0, 0),
+        entry(1, "step", 1, (1, 0), ["g1/0", "g1/1"], 0, 2),
+        entry(1, "step", 2, (1, 1), ["g2/0", "g2/1"], 2, 4),
+        entry(1, "step", 3, (1, 2), third, 4, 9),
+        entry(1, "step", 4, (1, 3), ["g6/0", "g6/1"], 9, 11),
+        entry(2, "start", 5, (1, 3), [], 9, 9),
+    ]
+    if retrain:
+        ledger.append(entry(2, "step", 6, (2, 5), ["g6/0", "g6/1"], 9, 11))
     with open_log(config.log.backend, path=run_dir / "log.sqlite", bootstrap=config.log.bootstrap) as log:
         topics.ensure(log, 1)
         with log.producer() as producer:
@@ -106,16 +122,19 @@ def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, recall_
                 producer.send(topics.deadletter(), codec.encode(letter))
             for record in feedback:
                 producer.send(topics.feedback(), codec.encode(record))
+            for record in ledger:
+                producer.send(topics.ledger("main"), codec.encode(record))
             producer.flush()
         with log.consumer(group_id=f"{run}.stream.main") as stream:
             stream.assign([TopicPartition(traj_topic, 0)])
             stream.commit({TopicPartition(traj_topic, 0): committed})
-    # versions 1 and 2 trained g1 and g2, 3 the replayed copy, 4 the re-emitted copies (offsets 5, 6)
-    history = [(1, {0: 2}), (2, {0: 4}), (3, {0: 5}), (4, {0: 7})]
-    state = TrainerState(4, {0: 7}, 7, history, [{0: 5}] if faulty else [], recall_window)
-    checkpoint = run_dir / "checkpoints" / "main" / "v00000004"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "state.json").write_text(state.to_json())
+
+
+def entry(
+    epoch: int, kind: str, version: int, parent: tuple[int, int], ids: list[str], start: int, end: int
+) -> LedgerEntry:
+    ranges = [OffsetRange(0, start, end)] if end > start else []
+    return LedgerEntry("main", kind, epoch, version, *parent, ranges, ids, {"0": end} if end else {})
 
 
 @pytest.fixture
@@ -128,40 +147,39 @@ def log_section(backend: str, request: pytest.FixtureRequest) -> dict:
 @pytest.mark.parametrize("faulty", [False, True], ids=["clean", "faulty"])
 def test_audit_accounts_for_every_fate(tmp_path: Path, log_section: dict, unique: str, faulty: bool) -> None:
     run_dir = tmp_path / "run"
-    record_run(run_dir, log_section, f"audit{unique}", faulty)  # a trainer without recall: memory empty after resuming
+    record_run(run_dir, log_section, f"audit{unique}", faulty)
     with open_run(run_dir) as run:
         report = audit_run(run)
     [main] = report.policies
-    assert main.records == 14 + 2 * faulty and main.items == 14 + 2 * faulty
-    assert main.trained == {1: 2, 2: 2}
+    assert main.records == 16 + 2 * faulty and main.items == 16 + 2 * faulty
+    assert main.trained == ({1: 2, 2: 2} if faulty else {1: 2, 2: 2, 3: 2})
     assert main.filtered == {"zero_variance": 2, "incomplete": 2}
     assert main.dead_lettered == {"invalid: reward: non-finite nan": 1, "undecodable (SchemaError)": 1}
-    assert main.pending == {"trainer": 2, "stream": 2}
-    assert main.accounted == 10 and main.replays_trained == 1
+    assert main.pending == {"trainer": 2, "stream": 2}  # g6: trained only into the lost version 4
+    assert main.accounted == (10 if faulty else 12) and main.replays_trained == 1
+    assert (main.epochs, main.lost_versions, main.retrained) == (2, 1, 0)
     assert report.tasks_dead_lettered == {"workflow (RewardError)": 1}
-    assert main.lost == (["g8/0", "g8/1"] if faulty else [])
+    assert main.lost == (["g9/0", "g9/1", "g8/0", "g8/1"] if faulty else [])
     assert main.trained_twice == (["g2/0", "g2/1"] if faulty else [])
     assert main.copies_dropped == (0 if faulty else 2)
     assert report.ok is not faulty
 
     result = CliRunner().invoke(app, ["audit", str(run_dir)])
     assert result.exit_code == (1 if faulty else 0), result.output
-    assert ("FAIL: 2 lost, 2 trained twice" if faulty else "OK: nothing lost, nothing trained twice") in result.output
+    assert ("FAIL: 4 lost, 2 trained twice" if faulty else "OK: nothing lost, nothing trained twice") in result.output
     as_json = json.loads(CliRunner().invoke(app, ["audit", str(run_dir), "--json"]).output)
-    assert as_json["ok"] is not faulty and as_json["policies"][0]["accounted"] == 10
+    assert as_json["ok"] is not faulty and as_json["policies"][0]["accounted"] == (10 if faulty else 12)
 
 
-def test_a_trainer_that_recalls_ids_after_resuming_drops_the_copies(
+def test_samples_of_a_lost_version_trained_again_are_trained_once(
     tmp_path: Path, log_section: dict, unique: str
 ) -> None:
     run_dir = tmp_path / "run"
-    record_run(
-        run_dir, log_section, f"audit{unique}", faulty=True, recall_window=3
-    )  # offsets 2..4 recalled: g2 included
+    record_run(run_dir, log_section, f"audit{unique}", faulty=False, retrain=True)  # epoch 2 trains g6 as 6
     with open_run(run_dir) as run:
         [main] = audit_run(run).policies
-    assert main.trained_twice == [] and main.copies_dropped == 2
-    assert main.lost == ["g8/0", "g8/1"]
+    assert main.trained == {1: 2, 2: 2, 3: 2, 6: 2} and main.trained_twice == [] and main.lost == []
+    assert (main.lost_versions, main.retrained) == (1, 2) and main.pending == {"stream": 2}
 
 
 def test_members_of_a_group_the_native_changelog_holds_are_pending_not_lost(
@@ -169,11 +187,11 @@ def test_members_of_a_group_the_native_changelog_holds_are_pending_not_lost(
 ) -> None:
     run_dir, run = tmp_path / "run", f"audit{unique}"
     record_run(run_dir, log_section, run, faulty=True)  # g8: committed past, with no fate
-    held = json.dumps([["g8", 0, [["g8/0", 12], ["g8/1", 13]], []]]).encode()
+    held = json.dumps([["g8", 0, [["g8/0", 14], ["g8/1", 15]], []]]).encode()
     with open_log(log_section["backend"], path=run_dir / "log.sqlite", bootstrap=log_section.get("bootstrap")) as log:
         with log.producer() as producer:  # what the native runtime journals for a half-filled group
             producer.send(f"{run}.stream.main.changelog", held, key=b"pending\x1f0")
             producer.flush()
     with open_run(run_dir) as opened:
         [main] = audit_run(opened).policies
-    assert main.lost == [] and main.pending == {"trainer": 2, "stream": 4}
+    assert main.lost == ["g9/0", "g9/1"] and main.pending == {"trainer": 2, "stream": 4}

@@ -47,4 +47,4 @@ def test_a_stopped_trainer_checkpoints_its_last_version(tmp_path: Path) -> None:
     assert checkpointed_versions(directory) == [3]  # none of 1-3 was due (every 10), the stop wrote 3
     state = read_latest_state(directory)
     assert state.version == 3 and state.trained_samples == 3 * BATCH
-    assert sum(state.offsets.values()) == 3 * BATCH and [version for version, _ in state.history] == [1, 2, 3]
+    assert sum(state.offsets.values()) == 3 * BATCH

@@ -80,4 +80,3 @@ def test_the_trainer_resumes_each_samples_partition_at_its_own_offset(tmp_path: 
     state = read_latest_state(RunDir(run_dir).checkpoints("main"))
     assert trainer.learner.version == state.version == 4
     assert state.trained_samples == 4 * BATCH and state.offsets == ends, (state.trained_samples, state.offsets, ends)
-    assert trainer.resumes[-1] == state.history[2][1]  # the second trainer resumed after version 3
