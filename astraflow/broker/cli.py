@@ -1,4 +1,5 @@
-"""``astraflow broker start | status | stop``: the local single-node Kafka broker.
+"""``astraflow broker start | status | stop``: the local Kafka broker, one node or (``--nodes 3``) a
+cluster of three, the durable profile.
 
 Imported by ``astraflow.cli`` at start-up, so this module imports only typer; the broker
 module (and with it confluent-kafka) loads inside each command.
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 if TYPE_CHECKING:
+    from astraflow.broker.cluster import LocalKafkaCluster
     from astraflow.broker.local import LocalKafkaBroker
 
 broker_app = typer.Typer(
@@ -40,12 +42,36 @@ def _broker(
     return LocalKafkaBroker(home or default_home(), port, controller_port, jar_cache=jars or default_home())
 
 
+def _cluster(
+    home: Optional[Path], nodes: Optional[int] = None, port: Optional[int] = None, jars: Optional[Path] = None
+) -> "LocalKafkaCluster | None":
+    """The cluster of ``home``: one to start (``nodes`` given), or one started there before; else ``None``."""
+    from astraflow.broker.cluster import LocalKafkaCluster, is_cluster_home
+    from astraflow.broker.local import default_home
+
+    home = home or default_home()
+    if nodes is None and not is_cluster_home(home):
+        return None
+    return LocalKafkaCluster(home, nodes, port, jar_cache=jars or default_home())
+
+
 @broker_app.command()
 def start(
     home: HomeOpt = None,
     port: PortOpt = None,
     controller_port: Annotated[Optional[int], typer.Option("--controller-port", help="KRaft controller port.")] = None,
     jars: JarsOpt = None,
+    nodes: Annotated[
+        Optional[int],
+        typer.Option(
+            "--nodes",
+            min=2,
+            help=(
+                "Run a cluster of this many nodes on ports PORT.. instead of one (3: every partition on three"
+                " nodes, two in sync before a write is acknowledged; one node is not durable)."
+            ),
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until it serves.")] = 60.0,
 ) -> None:
     """Fetch the jars (first time), format the storage (first time), start the broker detached."""
@@ -53,25 +79,38 @@ def start(
 
     from astraflow.errors import BrokerError
 
-    broker = _broker(home, port, controller_port, jars)
     console = Console()
     try:
+        cluster = _cluster(home, nodes, port, jars)
+        broker = cluster or _broker(home, port, controller_port, jars)
         with console.status(f"starting Kafka {broker.version} in {broker.home} ..."):
             broker.start(timeout=timeout)
     except BrokerError as exc:
         console.print(f"[red]broker failed:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from exc
+    if cluster is not None:
+        pids = ", ".join(f"node {n} pid {pid}" for n, pid in cluster.status().pids.items())
+        console.print(f"running: bootstrap {cluster.bootstrap} ({pids}, home {cluster.home})")
+        return
     console.print(f"running: bootstrap {broker.bootstrap} (pid {broker.status().pid}, home {broker.home})")
 
 
 @broker_app.command()
 def status(home: HomeOpt = None) -> None:
     """Print whether the broker of this home runs; exit code 3 when it does not."""
-    state = _broker(home).status()
-    if state.running:
-        typer.echo(f"running: bootstrap {state.bootstrap} (pid {state.pid}, home {state.home})")
+    cluster = _cluster(home)
+    if cluster is not None:
+        state = cluster.status()
+        nodes = ", ".join(f"node {n} {'pid ' + str(pid) if pid else 'stopped'}" for n, pid in state.pids.items())
+        typer.echo(f"{state.running} of {len(state.pids)} nodes running: bootstrap {state.bootstrap} ({nodes})")
+        if not state.running:
+            raise typer.Exit(_NOT_RUNNING)
         return
-    typer.echo(f"stopped (home {state.home})")
+    single = _broker(home).status()
+    if single.running:
+        typer.echo(f"running: bootstrap {single.bootstrap} (pid {single.pid}, home {single.home})")
+        return
+    typer.echo(f"stopped (home {single.home})")
     raise typer.Exit(_NOT_RUNNING)
 
 
@@ -80,6 +119,6 @@ def stop(
     home: HomeOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds before SIGKILL.")] = 30.0,
 ) -> None:
-    """Stop the broker with a controlled shutdown (SIGTERM), SIGKILL after the timeout."""
-    broker = _broker(home)
+    """Stop the broker (every node of a cluster) with a controlled shutdown (SIGTERM), SIGKILL after the timeout."""
+    broker = _cluster(home) or _broker(home)
     typer.echo("stopped" if broker.stop(timeout=timeout) else f"not running (home {broker.home})")

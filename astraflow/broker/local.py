@@ -1,4 +1,9 @@
-"""A single-node Apache Kafka broker (KRaft) run from the jars on Maven Central.
+"""A local Apache Kafka broker (KRaft) run from the jars on Maven Central: one node, or one node of
+a ``LocalKafkaCluster`` (``cluster.py``).
+
+A single node keeps one replica of every partition, so ``acks=all`` means written once, to one
+disk: it is a development broker, not a durable one. ``astraflow broker start --nodes 3`` runs the
+durable profile instead (three replicas, two in sync before a write is acknowledged).
 
 Why not a download of the Kafka tarball or Docker: Java 17 and Maven are all a development
 machine or CI runner needs; Maven resolves the exact broker jars once into a cache and every
@@ -70,7 +75,9 @@ class LocalKafkaBroker:
     """One KRaft node (broker and controller) listening on 127.0.0.1.
 
     ``port`` and ``controller_port`` default to those of the previous start in this home, else
-    9092 and a free port. Topics are never auto-created: producing to a missing topic fails.
+    9092 and a free port. Topics are never auto-created: producing to a missing topic fails. As a
+    node of a cluster it is given its ``node_id``, the cluster's ``cluster_id``, the controller
+    ``voters`` (node id → controller port) and how many ``replicas`` topics get.
     """
 
     def __init__(
@@ -82,6 +89,10 @@ class LocalKafkaBroker:
         jar_cache: Path | None = None,
         version: str = KAFKA_VERSION,
         heap: str = "512m",
+        node_id: int = 1,
+        cluster_id: str | None = None,
+        voters: dict[int, int] | None = None,
+        replicas: int = 1,
     ) -> None:
         self.home = Path(home).expanduser().resolve()
         self.version = version
@@ -90,7 +101,11 @@ class LocalKafkaBroker:
         saved = self._read_meta()
         self.port = port or saved.get("port") or DEFAULT_PORT
         self.controller_port = controller_port or saved.get("controller_port") or free_port()
-        self._cluster_id: str = saved.get("cluster_id") or _new_cluster_id()
+        self._cluster_id: str = cluster_id or saved.get("cluster_id") or new_cluster_id()
+        self.node_id = node_id
+        self.voters = voters or {node_id: self.controller_port}
+        self.replicas = replicas
+        self._started = 0.0
 
     @property
     def bootstrap(self) -> str:
@@ -115,9 +130,17 @@ class LocalKafkaBroker:
 
     def start(self, timeout: float = 60.0) -> None:
         """Fetch, format (first time only), launch, and return once the broker serves metadata."""
+        proc = self.launch()
+        if proc is not None:
+            self.wait_serving(proc, timeout)
+
+    def launch(self) -> subprocess.Popen | None:
+        """Fetch, format (first time only) and launch the JVM without waiting for it to serve;
+        ``None`` when this home's broker already runs. (A cluster launches all its nodes first:
+        none serves before a majority of controllers is up.)"""
         if self.status().running:
             logger.info("broker in %s already runs at %s", self.home, self.bootstrap)
-            return
+            return None
         for port in (self.port, self.controller_port):
             if not _port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is in use; pick another with --port/--controller-port")
@@ -142,7 +165,7 @@ class LocalKafkaBroker:
             "kafka.Kafka",
             str(props),
         ]
-        started = time.monotonic()
+        self._started = time.monotonic()
         with self.log_file.open("wb") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -153,17 +176,23 @@ class LocalKafkaBroker:
                 start_new_session=True,
             )
         self._pid_file.write_text(str(proc.pid))
+        return proc
+
+    def wait_serving(self, proc: subprocess.Popen, timeout: float) -> None:
+        """Return once the launched broker serves metadata; stop it and raise ``BrokerError`` if it
+        does not within ``timeout``."""
         try:
             self._wait_serving(proc, timeout)
         except BrokerError:
             self.stop(timeout=10.0)
             raise
         logger.info(
-            "Kafka %s serves at %s (pid %d) after %.1fs",
+            "Kafka %s node %d serves at %s (pid %d) after %.1fs",
             self.version,
+            self.node_id,
             self.bootstrap,
             proc.pid,
-            time.monotonic() - started,
+            time.monotonic() - self._started,
         )
 
     def status(self) -> BrokerStatus:
@@ -213,10 +242,11 @@ class LocalKafkaBroker:
         """Write ``broker.json`` and ``server.properties`` for the current ports."""
         meta = {"cluster_id": self._cluster_id, "port": self.port, "controller_port": self.controller_port}
         (self.home / "broker.json").write_text(json.dumps(meta, indent=2) + "\n")
+        replicas, in_sync = str(self.replicas), str(min(2, self.replicas))
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{port}" for n, port in sorted(self.voters.items())),
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -224,13 +254,18 @@ class LocalKafkaBroker:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self._data_dir),
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": in_sync,
             "transaction.state.log.num.partitions": "10",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": in_sync,
+            # topics made without a replication factor (every topic of a run) get ``replicas``, and
+            # an acks=all write is acknowledged once ``in_sync`` of them hold it
+            "default.replication.factor": replicas,
+            "min.insync.replicas": in_sync,
+            "replica.fetch.max.bytes": str(16 * 1024 * 1024),
             "group.initial.rebalance.delay.ms": "0",
             "group.min.session.timeout.ms": "1000",
             "message.max.bytes": str(16 * 1024 * 1024),
@@ -288,7 +323,7 @@ class LocalKafkaBroker:
             return f"{self.log_file} is missing"
 
 
-def _new_cluster_id() -> str:
+def new_cluster_id() -> str:
     """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters).
 
     Like Kafka's ``Uuid.randomUuid``, never one that starts with ``-``, which command lines

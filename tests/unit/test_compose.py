@@ -38,24 +38,33 @@ def test_every_component_has_a_service() -> None:
     assert set(COMPONENTS) <= set(ASTRAFLOW_SERVICES)
 
 
-def test_kafka_runs_in_kraft_mode_with_one_replica() -> None:
-    kafka = SERVICES["kafka"]
+KAFKA_NODES = ["kafka", "kafka-2", "kafka-3"]
+BOOTSTRAP = "kafka:9092,kafka-2:9092,kafka-3:9092"
+
+
+@pytest.mark.parametrize("name", KAFKA_NODES)
+def test_kafka_runs_three_kraft_nodes_with_three_replicas_two_in_sync(name: str) -> None:
+    kafka = SERVICES[name]
     env = {key: str(value) for key, value in kafka["environment"].items()}
     assert kafka["image"].startswith("apache/kafka:")
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert not any("ZOOKEEPER" in key for key in env)
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
-    assert "localhost:9094" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert env["KAFKA_NODE_ID"] == str(KAFKA_NODES.index(name) + 1)
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"
+    assert f"PLAINTEXT://{name}:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"localhost:{9094 + KAFKA_NODES.index(name)}" in env["KAFKA_ADVERTISED_LISTENERS"]
     replication = {key: value for key, value in env.items() if "REPLICATION_FACTOR" in key}
-    assert replication and set(replication.values()) == {"1"}
+    assert replication and set(replication.values()) == {"3"}
+    in_sync = {key: value for key, value in env.items() if "MIN_ISR" in key or "MIN_INSYNC" in key}
+    assert in_sync and set(in_sync.values()) == {"2"}
     assert "healthcheck" in kafka
 
 
 def test_kafka_ui_points_at_the_broker() -> None:
     ui = SERVICES["kafka-ui"]
     assert ui["image"].startswith("provectuslabs/kafka-ui")
-    assert ui["environment"]["KAFKA_CLUSTERS_0_BOOTSTRAPSERVERS"] == "kafka:9092"
+    assert ui["environment"]["KAFKA_CLUSTERS_0_BOOTSTRAPSERVERS"] == BOOTSTRAP
 
 
 @pytest.mark.parametrize("service", ASTRAFLOW_SERVICES)
@@ -89,13 +98,13 @@ def test_component_uses_the_kafka_log(service: str) -> None:
     command = SERVICES[service]["command"]
     options = dict(zip(command[2::2], command[3::2]))
     assert options["--backend"] == "kafka"
-    assert options["--bootstrap"] == "kafka:9092"
+    assert options["--bootstrap"] == BOOTSTRAP
 
 
 @pytest.mark.parametrize("service", sorted(set(ASTRAFLOW_SERVICES) - {"warmup"}))
 def test_component_starts_after_kafka_and_warmup(service: str) -> None:
     depends_on = SERVICES[service]["depends_on"]
-    assert depends_on["kafka"]["condition"] == "service_healthy"
+    assert all(depends_on[node]["condition"] == "service_healthy" for node in KAFKA_NODES)
     assert depends_on["warmup"]["condition"] == "service_completed_successfully"
 
 
