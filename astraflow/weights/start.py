@@ -13,8 +13,10 @@ verify and apply every older version only to replace it. Before following the to
 3. without a full manifest (none published yet, or none decodable) starts both partitions at the
    beginning, and the chunks alone when the manifest has no ``chunk_offset`` (an older publisher).
 
-A follower of the manifests only (``payload=False``) needs just the newest version: it starts at
-the last manifest. Records that retention deletes meanwhile do no harm on either backend: a position
+A follower of the manifests only (``payload=False``) needs just the newest version: it starts
+``WINDOW`` offsets before the end, so it reads the last manifest even where transaction markers
+follow it (the trainer commits each manifest in a transaction, and on Kafka each commit takes an
+offset). Records that retention deletes meanwhile do no harm on either backend: a position
 below a partition's start reads on from its first record.
 """
 
@@ -53,8 +55,8 @@ def seek_start(
     consumer.assign([manifests])
     consumer.seek_to_beginning([manifests])
     first = consumer.position(manifests)
-    if not payload:
-        consumer.seek(manifests, max(first, end - 1))
+    if not payload:  # the last few offsets: on Kafka the last one is the commit marker of the last manifest
+        consumer.seek(manifests, max(first, end - WINDOW))
         return
     newest = _newest_full(consumer, manifests, first, end, codec, poll_timeout, stop)
     consumer.assign([manifests, chunks])

@@ -33,6 +33,7 @@ from astraflow.errors import FencedError
 from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import LedgerEntry, OffsetRange, TrainSample, WeightChunk
+from astraflow.weights.follow import WeightFollower
 from tests.unit.test_trainer_reference import recorded_samples
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,6 +138,12 @@ def test_a_trainer_killed_between_publish_and_checkpoint_never_reuses_a_version_
             assert entry.ranges == [OffsetRange(0, batch * BATCH, (batch + 1) * BATCH)]
             assert entry.offsets == {"0": (batch + 1) * BATCH}
     assert [e.payload_sha256 for e in entries] == [m.sha256 for m in published]
+    # a follower of the manifests alone that starts now sees the last one, commit markers after it or not
+    follower = WeightFollower(ctx.log, ctx.topics.weights("main"), payload=False).start()
+    try:
+        assert follower.wait_caught_up(timeout=WAIT_S) and follower.latest_version == 7
+    finally:
+        follower.close()
 
 
 def test_a_second_trainer_fences_the_first_which_exits_without_touching_its_checkpoints(make_ctx) -> None:
