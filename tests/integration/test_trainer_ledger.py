@@ -26,17 +26,15 @@ from pathlib import Path
 import pytest
 
 from astraflow.attach import decode_snapshot
-from astraflow.config import load_config
 from astraflow.consumers.trainer import Trainer
 from astraflow.context import ComponentContext
 from astraflow.errors import FencedError
-from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import LedgerEntry, OffsetRange, TrainSample, WeightChunk
 from astraflow.weights.follow import WeightFollower
 from tests.unit.test_trainer_reference import recorded_samples
+from tests.unit.tiny_trainer import stopping_at, tiny_math_config
 
-REPO = Path(__file__).resolve().parents[2]
 BATCH = 64
 WAIT_S = 120.0
 
@@ -44,15 +42,13 @@ WAIT_S = 120.0
 @pytest.fixture
 def make_ctx(log_target: dict[str, str], tmp_path: Path, unique: str) -> Iterator[Callable[[int], ComponentContext]]:
     """The context of a trainer of one run on the test's log, checkpointing every ``checkpoint_every``."""
-    base = create_tiny_checkpoint(tmp_path / "base", TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2))
     made: list[ComponentContext] = []
 
     def make(checkpoint_every: int) -> ComponentContext:
-        config = load_config(
-            REPO / "examples" / "math" / "config.yaml",
+        config = tiny_math_config(
+            tmp_path,
             {
                 "run": f"ledger{unique}",
-                "model": {"path": str(base)},
                 "log": {"backend": log_target["backend"], "bootstrap": log_target.get("bootstrap")},
                 "train": {"checkpoint_every": checkpoint_every, "batch_samples": BATCH},
             },
@@ -79,21 +75,6 @@ def ledger(ctx: ComponentContext) -> list[LedgerEntry]:
 def manifests(ctx: ComponentContext) -> list[WeightChunk]:
     chunks = [chunk for _, chunk in decode_snapshot(ctx.log, ctx.topics.weights("main"))]
     return [chunk for chunk in chunks if chunk.kind == "manifest"]
-
-
-def stopping_at(trainer: Trainer, version: int, stop: threading.Event, crash: bool = False) -> Trainer:
-    """Make ``trainer`` stop (or, with ``crash``, die as if killed) once it has published ``version``."""
-    step = trainer._step
-
-    def step_then_stop(*args: object) -> None:
-        step(*args)
-        if trainer.learner.version >= version:
-            if crash:
-                raise RuntimeError("killed")
-            stop.set()
-
-    trainer._step = step_then_stop
-    return trainer
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:

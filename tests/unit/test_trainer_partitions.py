@@ -13,17 +13,15 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from astraflow.config import load_config
 from astraflow.consumers.trainer import Trainer
 from astraflow.context import ComponentContext
 from astraflow.log import TopicSpec, open_log
-from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import TrainSample
 from astraflow.training.checkpoint import read_latest_state
 from tests.unit.test_trainer_reference import recorded_samples
+from tests.unit.tiny_trainer import stopping_at, tiny_math_config
 
-REPO = Path(__file__).resolve().parents[2]
 BATCH = 64
 
 
@@ -38,26 +36,14 @@ def send(ctx: ComponentContext, samples: list[TrainSample]) -> None:
 
 
 def train_until(ctx: ComponentContext, version: int) -> Trainer:
-    trainer = Trainer(ctx, "main")
     stop = threading.Event()
-    step = trainer._step
-
-    def step_then_stop(*args: object) -> None:
-        step(*args)
-        if trainer.learner.version >= version:
-            stop.set()
-
-    trainer._step = step_then_stop
+    trainer = stopping_at(Trainer(ctx, "main"), version, stop)
     trainer.run(stop)
     return trainer
 
 
 def test_the_trainer_resumes_each_samples_partition_at_its_own_offset(tmp_path: Path) -> None:
-    base = create_tiny_checkpoint(tmp_path / "base", TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2))
-    config = load_config(
-        REPO / "examples" / "math" / "config.yaml",
-        {"model": {"path": str(base)}, "train": {"checkpoint_every": 10, "batch_samples": BATCH}},
-    )
+    config = tiny_math_config(tmp_path, {"train": {"checkpoint_every": 10, "batch_samples": BATCH}})
     run_dir = tmp_path / "run"
     samples = recorded_samples(4 * BATCH)
     with open_log("embedded", path=RunDir(run_dir).log) as log:  # before the run makes it with one partition

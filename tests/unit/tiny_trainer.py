@@ -1,0 +1,33 @@
+"""Helpers for tests that run the real ``Trainer`` on a tiny model: its config, and a stop at a version."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from astraflow.config import RunConfig, load_config
+from astraflow.consumers.trainer import Trainer
+from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_math_config(tmp_path: Path, overrides: dict) -> RunConfig:
+    """The math example's config over a tiny model made in ``tmp_path/base``, with ``overrides``."""
+    base = create_tiny_checkpoint(tmp_path / "base", TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2))
+    return load_config(REPO / "examples" / "math" / "config.yaml", {"model": {"path": str(base)}, **overrides})
+
+
+def stopping_at(trainer: Trainer, version: int, stop: threading.Event, crash: bool = False) -> Trainer:
+    """Make ``trainer`` set ``stop`` (or, with ``crash``, die as if killed) once it published ``version``."""
+    step = trainer._step
+
+    def step_then_stop(*args: object) -> None:
+        step(*args)
+        if trainer.learner.version >= version:
+            if crash:
+                raise RuntimeError("killed")
+            stop.set()
+
+    trainer._step = step_then_stop
+    return trainer
