@@ -24,8 +24,9 @@ Steps of one version (the order is the guarantee):
    only the offsets already committed - where a fenced trainer learns it was fenced
    (``FencedError``) and exits without writing a checkpoint - then an atomic checkpoint of model,
    optimizer, version, epoch and, per samples partition, the offset after the batch's last sample
-   there (``CheckpointStore``). The checkpoint stays out of the version's transaction, which so stays short however
-   large the model (Kafka aborts a transaction open longer than ``transaction.timeout.ms``).
+   there (``CheckpointStore``). The checkpoint stays out of the version's transaction, which so
+   stays short however large the model (Kafka aborts a transaction open longer than
+   ``transaction.timeout.ms``).
 4. Begin the version's transaction; publish version v + 1 to ``{run}.weights.{policy}``: the chunks
    (a sparse delta against version v in the transfer dtype, or a full version;
    ``weights/publish.py``) flushed outside it, the manifest in it.

@@ -30,6 +30,7 @@ import json
 import logging
 import random
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -37,6 +38,32 @@ import numpy as np
 from astraflow.streams.operators import Group, TrajectoryLookup, register
 
 logger = logging.getLogger(__name__)
+
+
+def saved_group(group: Group, **extra: object) -> dict:
+    """A group as a mixer's state keeps it: its members by position, and what the operators computed."""
+    advantages = None if group.advantages is None else group.advantages.tolist()
+    return {
+        "group": group.group_id,
+        "positions": group.positions,
+        "advantages": advantages,
+        "operators": group.operators,
+        **extra,
+    }
+
+
+def restored_groups(entries: list[dict], lookup: TrajectoryLookup, owner: str) -> Iterator[tuple[dict, Group]]:
+    """Each ``saved_group`` entry with its group rebuilt from the records ``lookup`` reads, in one
+    pass; an entry whose records retention deleted is left out (logged as ``owner``'s)."""
+    trajectories = iter(lookup([(p, o) for entry in entries for p, o in entry["positions"]]))
+    for entry in entries:
+        members = [next(trajectories) for _ in entry["positions"]]
+        if not members or None in members:
+            logger.warning("%s: group %s left out, its records are gone", owner, entry["group"])
+            continue
+        advantages = None if entry["advantages"] is None else np.asarray(entry["advantages"], dtype=np.float32)
+        positions = [(p, o) for p, o in entry["positions"]]
+        yield entry, Group(entry["group"], members, advantages, list(entry["operators"]), positions=positions)
 
 
 @register
@@ -74,16 +101,7 @@ class ReplayMixer:
         return self._buffer[self._rng.randrange(len(self._buffer))]
 
     def state_dict(self) -> bytes:
-        buffered = [
-            {
-                "group": group.group_id,
-                "positions": group.positions,
-                "advantages": None if group.advantages is None else group.advantages.tolist(),
-                "operators": group.operators,
-                "replayed": replayed,
-            }
-            for group, replayed in self._buffer
-        ]
+        buffered = [saved_group(group, replayed=replayed) for group, replayed in self._buffer]
         rng = None if self.selector == "latest" else self._rng.getstate()  # ``latest`` never draws
         return json.dumps({"credit": self._credit, "rng": rng, "buffer": buffered}).encode()
 
@@ -93,17 +111,8 @@ class ReplayMixer:
         if saved["rng"] is not None:
             version, internal, gauss = saved["rng"]
             self._rng.setstate((version, tuple(internal), gauss))
-        entries = saved["buffer"]
-        trajectories = iter(lookup([(p, o) for entry in entries for p, o in entry["positions"]]))
         self._buffer.clear()
-        for entry in entries:
-            members = [next(trajectories) for _ in entry["positions"]]
-            if not members or None in members:
-                logger.warning("replay buffer: group %s left out, its records are gone", entry["group"])
-                continue
-            advantages = None if entry["advantages"] is None else np.asarray(entry["advantages"], dtype=np.float32)
-            positions = [(p, o) for p, o in entry["positions"]]
-            group = Group(entry["group"], members, advantages, list(entry["operators"]), positions=positions)
+        for entry, group in restored_groups(saved["buffer"], lookup, "replay buffer"):
             self._buffer.append([group, int(entry["replayed"])])
 
 
@@ -156,16 +165,7 @@ class OfflineMixer:
         return list(self._ready)
 
     def state_dict(self) -> bytes:
-        ready = [
-            {
-                "group": group.group_id,
-                "positions": group.positions,
-                "advantages": None if group.advantages is None else group.advantages.tolist(),
-                "operators": group.operators,
-                "origin": group.origin,
-            }
-            for group in self._ready
-        ]
+        ready = [saved_group(group, origin=group.origin) for group in self._ready]
         return json.dumps({"credit": self._credit, "ready": ready}).encode()
 
     def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
@@ -179,14 +179,6 @@ class OfflineMixer:
     def resolve(self, lookup: TrajectoryLookup) -> None:
         """Rebuild the fed groups of the state loaded, reading their members with ``lookup``."""
         entries, self._unresolved = self._unresolved, []
-        trajectories = iter(lookup([(p, o) for entry in entries for p, o in entry["positions"]]))
-        for entry in entries:
-            members = [next(trajectories) for _ in entry["positions"]]
-            if not members or None in members:
-                logger.warning("offline mixer: fed group %s left out, its records are gone", entry["group"])
-                continue
-            advantages = None if entry["advantages"] is None else np.asarray(entry["advantages"], dtype=np.float32)
-            positions = [(p, o) for p, o in entry["positions"]]
-            group = Group(entry["group"], members, advantages, list(entry["operators"]), positions=positions)
+        for entry, group in restored_groups(entries, lookup, "offline mixer"):
             group.origin = entry["origin"]
             self._ready.append(group)

@@ -69,9 +69,14 @@ def checkpointed_versions(directory: Path) -> list[int]:
     return sorted(int(p.name[1:]) for p in directory.glob("v*") if p.is_dir() and p.name[1:].isdigit())
 
 
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoint directories under ``directory`` (no ``.tmp``), oldest first."""
+    return sorted(p for p in directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint directory under ``directory``, or ``None``."""
-    done = sorted(p for p in directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
+    done = complete_checkpoints(directory)
     return done[-1] if done else None
 
 
@@ -128,8 +133,7 @@ class CheckpointStore:
         ``None`` when there is none."""
         import torch
 
-        done = sorted(p for p in self.directory.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for directory in reversed(done):
+        for directory in reversed(complete_checkpoints(self.directory)):
             state = TrainerState.from_json((directory / "state.json").read_text())
             if accept(state):
                 model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
