@@ -15,6 +15,7 @@ and pid in its folder.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,8 +107,12 @@ class LocalKafkaCluster:
         return ClusterStatus({n.node_id: n.status().pid for n in self.nodes}, self.bootstrap, self.home)
 
     def stop(self, timeout: float = 30.0) -> bool:
-        """Stop every node (a controlled shutdown each); False if none ran."""
-        return any([node.stop(timeout) for node in reversed(self.nodes)])
+        """Stop every node (a controlled shutdown each) at once; False if none ran.
+
+        At once, not one after the other: a node's controlled shutdown needs a quorum of
+        controllers, which the last node of a one-by-one stop no longer has."""
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            return any(list(pool.map(lambda node: node.stop(timeout), self.nodes)))
 
     def __enter__(self) -> "LocalKafkaCluster":
         self.start()

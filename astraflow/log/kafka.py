@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CLIENT_RECORD_BYTES = 64 * 1024 * 1024
 _TIMEOUT_S = 30.0
+_RENEW_ADMIN_S = 5.0
 _NOT_FOUND = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _LEADERSHIP_MOVING = (
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -50,8 +51,11 @@ _LEADERSHIP_MOVING = (
     KafkaError.UNKNOWN_LEADER_EPOCH,
     KafkaError.FENCED_LEADER_EPOCH,
     KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError._NOENT,
 )
-"""Errors of a partition whose leader is still taking it on (or moving): asking again cures them."""
+"""Errors of a partition whose leader is still taking it on (or moving): asking again cures them.
+(``_NOENT``: the admin client's metadata names no leader yet, "No leaders found", as one node of a
+cluster may answer right after a topic is created.)"""
 
 
 class KafkaLog(Log):
@@ -96,8 +100,19 @@ class KafkaLog(Log):
                 raise LogError(f"creating topic {spec.name!r} failed: {exc.args[0].str()}") from exc
             if not exist_ok:
                 raise LogError(f"topic {spec.name!r} already exists") from exc
-        self._wait_for(spec.name, lambda meta: meta is not None and _all_led(meta))
-        self.end_offsets(spec.name)  # the leaders serve offsets only once they took the partitions on
+        # The nodes of a cluster learn of a new topic a moment apart, and each lookup may ask another
+        # node, so a lookup right after one that saw the topic can still miss it: wait until it is
+        # led, and its leaders serve offsets (only once they took the partitions on), without a miss.
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                self._wait_for(spec.name, lambda meta: meta is not None and _all_led(meta))
+                self.end_offsets(spec.name)
+                return
+            except TopicNotFoundError:
+                if time.monotonic() > deadline:
+                    raise LogError(f"topic {spec.name!r} was created but did not settle within {_TIMEOUT_S:.0f}s")
+                time.sleep(0.05)
 
     def describe_topic(self, name: str) -> TopicSpec:
         partitions = len(self._metadata(name).partitions)
@@ -138,10 +153,16 @@ class KafkaLog(Log):
         self._wait_for(name, lambda meta: meta is None)
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        """Retries while leadership moves (also right after creation), for up to 30 s."""
+        """Retries while leadership moves (also right after creation), for up to 30 s.
+
+        librdkafka's admin client can keep a new topic's "no leader" from a node that did not know
+        the topic yet: its ``list_offsets`` then answers "No leaders found" (``_NOENT``) for as long
+        as the client lives, although fresh metadata names the leaders. So after a second of that
+        the admin client is replaced by a new one, once every ``_RENEW_ADMIN_S``."""
         partitions = sorted(self._metadata(topic).partitions)
         requests = {RdPartition(topic, p): OffsetSpec.latest() for p in partitions}
         deadline = time.monotonic() + _TIMEOUT_S
+        renew_at = time.monotonic() + 1.0
         while True:
             try:
                 futures = self._admin.list_offsets(requests, request_timeout=_TIMEOUT_S)
@@ -150,6 +171,10 @@ class KafkaLog(Log):
                 err = exc.args[0]
                 if not (err.retriable() or err.code() in _LEADERSHIP_MOVING) or time.monotonic() > deadline:
                     raise LogError(f"reading end offsets of {topic!r} failed: {err.str()}") from exc
+                if err.code() == KafkaError._NOENT and time.monotonic() > renew_at:
+                    logger.info("renewing the admin client: it finds no leaders of %r", topic)
+                    self._admin = AdminClient(dict(self._base))
+                    renew_at = time.monotonic() + _RENEW_ADMIN_S
                 time.sleep(0.1)
 
     def delete_records(self, topic: str, before: dict[int, int]) -> None:

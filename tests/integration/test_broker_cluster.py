@@ -23,6 +23,7 @@ from astraflow.broker.local import free_port
 from astraflow.errors import BrokerError
 from astraflow.log.base import TopicPartition, TopicSpec
 from astraflow.log.kafka import KafkaLog
+from astraflow.topics import RunTopics
 from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.kafka
@@ -76,6 +77,13 @@ def test_three_nodes_keep_every_acknowledged_record_when_one_dies(jar_cache: Pat
 
         topic = "durable.trajectories.main"
         with KafkaLog(bootstrap) as log:
+            # a run's launcher makes its topics and reads their ends at once, whichever node it asks
+            # (on a cluster the nodes learn of a new topic a moment apart)
+            for run in range(3):
+                names = RunTopics(f"fresh{run}", "math", ("main",))
+                names.ensure(log, partitions=2)
+                for spec in names.specs(2):
+                    assert set(log.end_offsets(spec.name)) == set(range(spec.partitions)), spec
             log.create_topic(TopicSpec(topic, partitions=1))
             admin = AdminClient({"bootstrap.servers": bootstrap})
             metadata = admin.list_topics(topic, timeout=30).topics[topic].partitions[0]
