@@ -221,6 +221,21 @@ class LocalKafkaBroker:
         logger.info("stopped the broker in %s", self.home)
         return True
 
+    def kill(self) -> bool:
+        """SIGKILL the broker (a crash: no controlled shutdown) and wait for it to exit; False if none ran."""
+        pid = self._read_pid()
+        if pid is None or not _is_kafka_process(pid):
+            return False
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not _wait_exit(pid, 10.0):
+            raise BrokerError(f"broker pid {pid} survived SIGKILL")
+        self._pid_file.unlink(missing_ok=True)
+        logger.info("killed the broker in %s", self.home)
+        return True
+
     def __enter__(self) -> "LocalKafkaBroker":
         self.start()
         return self

@@ -10,6 +10,11 @@ Used by the reliability test (``tests/e2e/test_faults.py``) and the chaos benchm
 So it synchronises on observable state: a kill happens once the run published the version the
 schedule names, and counts as survived once the launcher started a new process for that child
 (a new pid in its pid file) and the run then published another version.
+
+Broker faults act on the brokers given to ``run_schedule``: one node (``LocalKafkaBroker``) or the
+nodes of a ``LocalKafkaCluster``. ``broker`` stops a node (a controlled shutdown) and starts it
+again on the same ports and data; ``broker-kill`` SIGKILLs a node and leaves it dead for the rest
+of the run (with three replicas and ``min.insync.replicas`` 2 the cluster goes on with two).
 """
 
 from __future__ import annotations
@@ -41,12 +46,21 @@ class FaultError(AstraFlowError):
     """The run did not reach the state a fault schedule waits for in time (or it ended)."""
 
 
+BROKER_FAULTS = ("broker", "broker-kill")
+"""Schedule entries that act on a broker node: restart it, or kill it for good."""
+
+
 class Broker(Protocol):
-    """What ``restart_broker`` needs: ``LocalKafkaBroker``."""
+    """What a broker fault needs: ``LocalKafkaBroker``."""
+
+    @property
+    def bootstrap(self) -> str: ...
 
     def stop(self, timeout: float = 30.0) -> bool: ...
 
     def start(self, timeout: float = 60.0) -> None: ...
+
+    def kill(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +68,7 @@ class Fault:
     """One injected fault, as the report lists it."""
 
     kind: str
-    """A component kind of ``KINDS``, or ``broker``."""
+    """A component kind of ``KINDS``, or one of ``BROKER_FAULTS``."""
     target: str
     """The child name (``rollout-0`` ...) or the broker's bootstrap."""
     version: int
@@ -152,32 +166,42 @@ class FaultInjector:
         self.wait_for(f"a new {name} after killing pid {pid}", lambda: self.probe.pids().get(name, pid) != pid)
         return self._record(Fault(kind, name, version, at - self.started, time.monotonic() - at))
 
-    def restart_broker(self, broker: Broker, bootstrap: str, start_timeout_s: float = 120.0) -> Fault:
-        """Stop the broker (a controlled shutdown) and start it again on the same ports and data."""
+    def restart_broker(self, broker: Broker, start_timeout_s: float = 120.0) -> Fault:
+        """Stop the broker node (a controlled shutdown) and start it again on the same ports and data."""
         version, at = self.probe.version, time.monotonic()
-        logger.info("restarting the broker at %s at version %d", bootstrap, version)
+        logger.info("restarting the broker at %s at version %d", broker.bootstrap, version)
         broker.stop()
         broker.start(timeout=start_timeout_s)
-        return self._record(Fault("broker", bootstrap, version, at - self.started, time.monotonic() - at))
+        return self._record(Fault("broker", broker.bootstrap, version, at - self.started, time.monotonic() - at))
+
+    def kill_broker(self, broker: Broker) -> Fault:
+        """SIGKILL the broker node and leave it dead."""
+        version, at = self.probe.version, time.monotonic()
+        logger.info("kill -9 the broker at %s for good at version %d", broker.bootstrap, version)
+        if not broker.kill():
+            raise FaultError(f"the broker at {broker.bootstrap} did not run when it was to be killed")
+        return self._record(Fault("broker-kill", broker.bootstrap, version, at - self.started, 0.0))
 
     def run_schedule(
-        self,
-        schedule: list[str],
-        first_version: int,
-        gaps: tuple[int, int],
-        broker: Broker | None = None,
-        bootstrap: str = "",
+        self, schedule: list[str], first_version: int, gaps: tuple[int, int], brokers: list[Broker] = ()
     ) -> None:
-        """Inject ``schedule`` (kinds, or ``broker``) in order: the first once ``first_version`` is
-        published, each next one a random ``gaps`` (inclusive) versions after the version reached
-        once the previous fault was recovered from."""
+        """Inject ``schedule`` (kinds, or ``BROKER_FAULTS``) in order: the first once ``first_version``
+        is published, each next one a random ``gaps`` (inclusive) versions after the version reached
+        once the previous fault was recovered from. A broker fault picks one of the ``brokers`` still
+        alive at random."""
+        alive = list(brokers)
         target = first_version
         for kind in schedule:
             self.wait_for_version(target)
-            if kind == "broker":
-                if broker is None:
-                    raise FaultError("the schedule restarts the broker, but no broker was given")
-                self.restart_broker(broker, bootstrap)
+            if kind in BROKER_FAULTS:
+                if not alive or (kind == "broker-kill" and len(alive) < 2):
+                    raise FaultError(f"the schedule has a {kind}, but {len(alive)} broker node(s) are alive")
+                node = self.rng.choice(alive)
+                if kind == "broker":
+                    self.restart_broker(node)
+                else:
+                    self.kill_broker(node)
+                    alive.remove(node)
             else:
                 self.kill(kind)
             target = max(target, self.probe.version) + self.rng.randint(*gaps)
@@ -195,12 +219,15 @@ def _kind(child: str) -> str:
     return child.split("-", 1)[0]
 
 
-def schedule(kills_per_kind: int, broker_restarts: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
-    """A shuffled list of ``kills_per_kind`` kills of each kind, with the broker restarts spread
-    evenly between them (never first or last)."""
+def schedule(
+    kills_per_kind: int, broker_restarts: int, seed: int, kinds: tuple[str, ...] = KINDS, broker_kills: int = 0
+) -> list[str]:
+    """A shuffled list of ``kills_per_kind`` kills of each kind, with the broker faults spread evenly
+    between them (never first or last): the restarts first, then the kills for good."""
     rng = random.Random(seed)
     kills = [kind for kind in kinds for _ in range(kills_per_kind)]
     rng.shuffle(kills)
-    for index in range(broker_restarts, 0, -1):
-        kills.insert(index * len(kills) // (broker_restarts + 1), "broker")
+    faults = ["broker"] * broker_restarts + ["broker-kill"] * broker_kills
+    for index in range(len(faults), 0, -1):
+        kills.insert(index * len(kills) // (len(faults) + 1), faults[index - 1])
     return kills

@@ -38,7 +38,7 @@ evaluation on 200 prompts varies by ~0.035, the mean of two by ~0.025."""
 
 
 def fault_run(
-    run_dir: Path, name: str, plan: list[str], *extra: str, broker=None, bootstrap: str = ""
+    run_dir: Path, name: str, plan: list[str], *extra: str, broker=None
 ) -> tuple[dict, dict, FaultInjector, int]:
     """``astraflow run`` with ``plan`` injected; the run's summary, its audit (JSON), the injector and
     the version at which the test stopped the run."""
@@ -57,7 +57,7 @@ def fault_run(
     injector = FaultInjector(run_dir, launcher, seed=len(name), timeout_s=300)
     stopped_at = MAX_VERSIONS
     try:
-        injector.run_schedule(plan, first_version=2, gaps=(1, 2), broker=broker, bootstrap=bootstrap)
+        injector.run_schedule(plan, first_version=2, gaps=(1, 2), brokers=[broker] if broker else [])
         last_fault = injector.faults[-1].version
         try:
             injector.wait_for(
@@ -129,7 +129,6 @@ def test_kafka_run_survives_kills_and_a_broker_restart(run_dir: Path, tmp_path: 
             "--bootstrap",
             broker.bootstrap,
             broker=broker,
-            bootstrap=broker.bootstrap,
         )
     finally:
         broker.stop()
