@@ -23,15 +23,16 @@ Per run: wall time from version 1 to the last version (``training_span``: start-
 since the faults begin after it), final held-out accuracy (the evaluation of the last version) and
 the mean of the last two evaluations, restarts per component, the audit (trained, filtered,
 dead-lettered, pending, lost, trained twice, trainer epochs, versions lost in crashes). Per setup:
-lost, trained twice, accuracy difference against the clean run (target: within 0.05), wall-time
-overhead per fault. Writes ``results/chaos.json`` and ``results/chaos.png`` (per setup: accuracy by
-version, and version over wall time with the faults marked).
+lost, trained twice, accuracy difference against the clean run (target: the means of the last two
+evaluations within 0.05), wall-time overhead per fault. Writes ``results/chaos.json`` and
+``results/chaos.png`` (per setup: accuracy by version, and version over wall time with the faults
+marked).
 
 On this machine (2 shared cores) a component restart costs ~5-10 s of Python and torch start-up,
 and on Kafka a killed consumer holds its partitions until its session times out (10 s), so read the
 overhead per fault rather than as a property of the dataflow.
 
-    .venv/bin/python benchmarks/chaos.py [--setups kafka-faust,kafka-native,embedded-native] [--versions 120]
+    .venv/bin/python benchmarks/chaos.py [--setups kafka-faust,kafka-native,embedded-native] [--versions 150]
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ SETUPS = {
 }
 """Setup name → (log backend, stream runtime)."""
 ACCURACY_TOLERANCE = 0.05
-"""The fault run's final held-out accuracy must be within this of the clean run's."""
+"""The fault run's final held-out accuracy must be within this of the clean run's. Final: the mean of
+the last two evaluations (``--eval-every`` versions apart), since the policy itself moves by a few
+points between neighbouring versions, more than one evaluation on 1000 problems varies."""
 
 
 def one_run(name: str, work: Path, setup: str, args: argparse.Namespace, plan: list[str], cluster=None) -> dict:
@@ -174,7 +177,8 @@ def summarize(clean: dict, faulty: dict) -> dict:
         "faults_final_accuracy": faulty["final_accuracy"],
         "final_accuracy_difference": difference,
         "last_two_mean_difference": faulty["last_two_mean_accuracy"] - clean["last_two_mean_accuracy"],
-        "accuracy_within_tolerance": abs(difference) <= ACCURACY_TOLERANCE,
+        "accuracy_within_tolerance": abs(faulty["last_two_mean_accuracy"] - clean["last_two_mean_accuracy"])
+        <= ACCURACY_TOLERANCE,
         "clean_training_seconds": training_span(clean),
         "faults_training_seconds": training_span(faulty),
         "wall_overhead_fraction": training_span(faulty) / max(training_span(clean), 1e-9) - 1,
@@ -308,7 +312,7 @@ def run_setup(setup: str, work: Path, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"Comma-separated, of {', '.join(SETUPS)}.")
-    parser.add_argument("--versions", type=int, default=120, help="Versions each run trains (stop.max_versions).")
+    parser.add_argument("--versions", type=int, default=150, help="Versions each run trains (stop.max_versions).")
     parser.add_argument(
         "--minutes",
         type=float,
