@@ -207,6 +207,10 @@ EVAL_SYSTEM_JUDGE_ACCURACY = "eval.system.judge_accuracy"
 """Fraction of the judge's verdicts on candidates that were right (0..1). ``step``: the answer
 policy's version."""
 
+EVAL_SYSTEM_MAJORITY = "eval.system.majority"
+"""Held-out accuracy of a majority vote over the same k candidates, no judge (0..1): the baseline the
+judged figure must beat. ``step``: the answer policy's version."""
+
 # scaler (scaler/component.py): ``step`` counts the scaler's decisions (1 for the first)
 
 SCALER_WAIT_FRACTION = "scaler.wait_fraction"

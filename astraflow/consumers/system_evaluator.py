@@ -3,7 +3,8 @@
 It follows the weights topics of the run's ``role: answer`` and ``role: judge`` policies (no
 group, like the per-policy evaluator) and scores each new version pair with
 ``astraflow.evaluation.judged`` on the held-out split: ``eval.system.alone``,
-``eval.system.judged``, ``eval.system.pass_at_k`` and ``eval.system.judge_accuracy``, labelled
+``eval.system.judged``, ``eval.system.majority`` (a vote over the same candidates, no judge),
+``eval.system.pass_at_k`` and ``eval.system.judge_accuracy``, labelled
 with ``versions`` (``name=version,name=version``). The base pair is scored first. A pair is
 scored again once either policy moved ``eval.every_versions`` past the last scored pair; versions
 in between are skipped, never queued.
@@ -70,10 +71,11 @@ class SystemEvaluator:
             self.ctx.metric(eval_system(name), value, self.versions[a.policy], versions=label)
         self.ctx.producer.flush()
         logger.info(
-            "versions %s: alone %.3f, judged %.3f (pass@k %.3f, judge %.3f)",
+            "versions %s: alone %.3f, judged %.3f, majority %.3f (pass@k %.3f, judge %.3f)",
             label,
             result.alone,
             result.judged,
+            result.majority,
             result.pass_at_k,
             result.judge_accuracy,
         )

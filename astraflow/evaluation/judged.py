@@ -7,11 +7,14 @@ accepts none; the judge accepts a candidate when the answer it writes is that ca
 (``tasks.arithmetic.judgement``). ``alone`` is the greedy answer's accuracy (what the answerer scores by itself, the
 same number its own evaluator reports), ``judged`` the system's, so ``judged − alone`` is the
 collaborative gain; ``pass_at_k`` bounds it, and ``judge_accuracy`` is how often the judge's
-verdict on a candidate was right.
+verdict on a candidate was right. ``majority`` is the obvious baseline that needs no judge: the
+answer most of the same k candidates give (ties to the earliest, so the greedy answer first), i.e.
+self-consistency; a judge is worth training only where ``judged`` beats it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,12 +32,19 @@ class SystemAccuracy:
     judged: float
     pass_at_k: float
     judge_accuracy: float
+    majority: float
 
 
 def pick(candidates: Sequence[str], verdicts: Sequence[bool]) -> str:
     """The first candidate the judge accepts; the first candidate when it accepts none; the judge
     accepts a candidate when the answer it writes is that candidate (``tasks.arithmetic.judgement``)."""
     return next((c for c, v in zip(candidates, verdicts, strict=True) if v), candidates[0])
+
+
+def majority(candidates: Sequence[str]) -> str:
+    """The answer given most often among ``candidates``; of equally frequent ones, the earliest."""
+    counts = Counter(candidates)
+    return max(candidates, key=lambda c: (counts[c], -candidates.index(c)))
 
 
 def _texts(
@@ -91,13 +101,14 @@ def evaluate_system(
             _texts(judge, tokenizer, judged_prompts, 1, judge_tokens, True, 1.0, None), flat, strict=True
         )
     ]
-    alone = judged = solved = right_verdicts = 0.0
+    alone = judged = solved = right_verdicts = voted = 0.0
     for i, (problem, cs) in enumerate(zip(problems, candidates, strict=True)):
         mine = verdicts[i * k : (i + 1) * k]
         correct = [exact_match_reward(c, problem.answer) > 0 for c in cs]
         alone += correct[0]
         judged += exact_match_reward(pick(cs, mine), problem.answer)
+        voted += exact_match_reward(majority(cs), problem.answer)
         solved += any(correct)
         right_verdicts += sum(v == c for v, c in zip(mine, correct))
     n = max(len(problems), 1)
-    return SystemAccuracy(alone / n, judged / n, solved / n, right_verdicts / (n * k))
+    return SystemAccuracy(alone / n, judged / n, solved / n, right_verdicts / (n * k), voted / n)

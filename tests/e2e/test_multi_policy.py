@@ -56,5 +56,5 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
         assert (run_dir / "final" / name / "config.json").is_file() and Path(final["path"]) == run_dir / "final" / name
     assert set(summary["final_models"]) == {"solver", "verifier"}
     system = summary["system_accuracy"]
-    assert set(system["final"]) == {"alone", "judged", "pass_at_k", "judge_accuracy"}
+    assert set(system["final"]) == {"alone", "judged", "majority", "pass_at_k", "judge_accuracy"}
     assert len(system["by_versions"]) >= 2

@@ -11,7 +11,7 @@ import pytest
 
 from astraflow.config import dump_config, load_config, parse_config
 from astraflow.errors import ConfigError
-from astraflow.evaluation.judged import pick
+from astraflow.evaluation.judged import majority, pick
 from astraflow.launch.launcher import plan
 from astraflow.producers.feeder import PolicyBudget, policy_budgets
 from astraflow.producers.workflows.base import Provenance
@@ -250,6 +250,14 @@ def test_the_judge_accepts_what_it_would_answer(response: str, reference: str, r
 )
 def test_the_system_keeps_the_first_accepted_answer(verdicts, chosen) -> None:
     assert pick(["a", "b", "c"], verdicts) == chosen
+
+
+@pytest.mark.parametrize(
+    ("candidates", "voted"),
+    [(["a", "b", "b"], "b"), (["a", "b", "c"], "a"), (["c", "a", "b", "a", "b"], "a"), (["x"], "x")],
+)
+def test_the_majority_vote_takes_the_most_frequent_answer_and_the_earliest_of_a_tie(candidates, voted) -> None:
+    assert majority(candidates) == voted
 
 
 def test_the_saved_config_loads_back_with_the_same_policies(tmp_path: Path) -> None:
