@@ -167,6 +167,11 @@ TRAIN_SKIPPED_STEPS = "train.skipped_steps"
 process); each skipped batch is dead-lettered and no version is published for it. ``step``: the
 trainer's version, unchanged by the skipped step."""
 
+TRAIN_STALE_SAMPLES = "train.stale_samples"
+"""Samples the trainer consumed without training them because their group was generated more than
+``max_staleness`` versions before the version being trained (count, cumulative in this process);
+each such group is reported as dropped on the feedback topic. ``step``: the trainer's version."""
+
 TRAIN_REJECTED_SAMPLES = "train.rejected_samples"
 """Samples the trainer dead-lettered instead of training (undecodable, or out of the model's range:
 token ids, length, loss mask, advantage, group size), cumulative in this process (count). ``step``:
@@ -262,6 +267,7 @@ _COUNTERS = frozenset(
         STREAM_REWINDS,
         TRAIN_SAMPLES,
         TRAIN_SKIPPED_STEPS,
+        TRAIN_STALE_SAMPLES,
         TRAIN_REJECTED_SAMPLES,
         LAUNCHER_RESTARTS,
     }

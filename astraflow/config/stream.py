@@ -128,6 +128,15 @@ class StreamConfig(Section):
         return default + [ZeroVarianceSpec()] if self.drop_zero_variance else default
 
     @property
+    def staleness_bound(self) -> int | None:
+        """The staleness filter's bound (``stream.max_staleness`` unless its operator sets one); ``None``
+        without a ``staleness`` operator (a replay of another run's versions)."""
+        spec = next((spec for spec in self.operators() if isinstance(spec, StalenessSpec)), None)
+        if spec is None:
+            return None
+        return self.max_staleness if spec.max_staleness is None else spec.max_staleness
+
+    @property
     def replay_ratio(self) -> float:
         """Fraction of emitted samples that are replayed (0 without a ``replay`` operator)."""
         return next((spec.ratio for spec in self.operators() if isinstance(spec, ReplaySpec)), 0.0)

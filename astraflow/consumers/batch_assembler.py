@@ -2,6 +2,9 @@
 
 A batch is a prefix of what was read, and each samples partition arrives in offset order, so a
 batch covers, per partition, every record below its last one there that no earlier batch took.
+Stale groups in that prefix (generated before the oldest version the trainer may train on) are
+consumed with it but trained in no batch: the bound ``max_staleness`` holds where it matters, at
+the optimizer step, even for samples that waited in the samples topic after the stream passed them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class BatchAssembler:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
         self.duplicates = 0
+        self.stale: list[tuple[TrainSample | None, Message]] = []
+        """The stale groups' records of the last batch's prefix (``take``)."""
 
     def remember(self, sample_id: str) -> bool:
         """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
@@ -50,15 +55,32 @@ class BatchAssembler:
         else:
             self.buffer.append((None, message, group_id, self.group_size))
 
-    def take(self) -> list[tuple[TrainSample | None, Message]] | None:
+    def take(self, oldest_version: int | None = None) -> list[tuple[TrainSample | None, Message]] | None:
         """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
-        when the buffer's prefix holds enough whole groups."""
+        when the buffer's prefix holds enough whole groups.
+
+        With ``oldest_version``, a group with a fresh (not replayed) sample generated before it is
+        stale: it takes no place in the batch, and the records of it in the batch's prefix are in
+        ``stale`` after the call, (sample, message) each, consumed with the batch."""
+        stale_groups = set()
+        if oldest_version is not None:
+            stale_groups = {
+                gid
+                for sample, _, gid, _ in self.buffer
+                if sample is not None and not sample.replayed and sample.trajectory.min_version < oldest_version
+            }
+        self.stale = []
         remaining: dict[str, int] = {}
+        fresh = 0
         for index, (_, _, gid, size) in enumerate(self.buffer):
+            if gid in stale_groups:
+                continue
+            fresh += 1
             remaining[gid] = remaining.get(gid, size) - 1
             if remaining[gid] <= 0:
                 del remaining[gid]
-            if index + 1 >= self.batch_samples and not remaining:
-                batch, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
-                return [(sample, message) for sample, message, _, _ in batch]
+            if fresh >= self.batch_samples and not remaining:
+                prefix, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
+                self.stale = [(sample, message) for sample, message, gid, _ in prefix if gid in stale_groups]
+                return [(sample, message) for sample, message, gid, _ in prefix if gid not in stale_groups]
         return None

@@ -15,7 +15,16 @@ Steps of one version (the order is the guarantee):
    non-finite log-probs; here also an advantage that is not a finite float32 and a fresh sample
    whose group size is not the policy's) is dead-lettered with the reason and counted
    (``train.rejected_samples``); it still counts as a member of its group, so the group completes
-   without it instead of holding every later batch back.
+   without it instead of holding every later batch back. A group generated more than the
+   policy's ``max_staleness`` versions before the version being trained is stale: it takes no
+   place in the batch, is trained into no version, and is reported on the feedback topic as a
+   dropped group (``stale: ...``) in the next version's transaction (``train.stale_samples``).
+   The stream's staleness filter judged it when it passed; it went stale waiting in the samples
+   topic, which only a surplus of samples makes possible (e.g. copies of dropped groups after a
+   crash fed the task feeder twice): without this check every later batch would train that
+   surplus, ever staler. Samples the trainer reads again after a crash, below the offsets of the
+   newest version it had published (versions lost with their checkpoint), are trained whatever
+   their age, as the lost versions trained them.
 2. One optimizer step on that batch (``astraflow.training.step``): version v → v + 1. A step
    whose loss or gradient is not finite changes nothing: the batch is dead-lettered, no version
    is published, the offsets move past it, and it is counted (``train.skipped_steps``).
@@ -32,7 +41,8 @@ Steps of one version (the order is the guarantee):
    ``weights/publish.py``) flushed outside it, the manifest in it.
 5. Send the version's ``LedgerEntry`` to ``{run}.ledger.{policy}`` in it: epoch, version, the
    version it was trained from, the samples partitions' ranges consumed since the last version,
-   the sample ids, the payload's sha256.
+   the sample ids, the payload's sha256; and the feedback of the stale groups dropped since the
+   last version (step 1).
 6. Send the offsets after the batch as the trainer group's offsets in it (a fenced trainer that
    skipped step 3 learns it here, having written nothing the log shows).
 7. Commit: manifest, ledger entry and offsets become visible together, or none of them.
@@ -54,15 +64,23 @@ import logging
 import threading
 import time
 
+import numpy as np
+
 from astraflow.consumers.batch_assembler import BatchAssembler
 from astraflow.consumers.trainer_ledger import TrainerLedger, consumed_ranges
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError, FencedError, NonFiniteStepError, error_reason
 from astraflow.log import Consumer, Message, TopicPartition
-from astraflow.metric_names import TRAIN_REJECTED_SAMPLES, TRAIN_SKIPPED_STEPS, TRAIN_VERSION, train_metric
+from astraflow.metric_names import (
+    TRAIN_REJECTED_SAMPLES,
+    TRAIN_SKIPPED_STEPS,
+    TRAIN_STALE_SAMPLES,
+    TRAIN_VERSION,
+    train_metric,
+)
 from astraflow.models.base import base_checkpoint_path, model_limits
 from astraflow.rundir import RunDir
-from astraflow.schemas.records import LedgerEntry, TrainSample
+from astraflow.schemas.records import LedgerEntry, PromptStats, TrainSample
 from astraflow.schemas.validation import Limits, validate
 from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState
 from astraflow.weights.publish import WeightPublisher
@@ -123,6 +141,13 @@ class Trainer:
         self.committed = dict(self.offsets)
         """The offsets committed with the last version: where the next ledger entry's ranges start."""
         self.trained_samples = restored.trained_samples if restored else 0
+        self.retrain_until = {int(partition): offset for partition, offset in ledger.last_offsets.items()}
+        """The samples offsets of the newest version published: below them, samples are trained again
+        whatever their age (step 1)."""
+        self.staleness_bound = ctx.config.stream.staleness_bound
+        self.stale_samples = 0
+        self.stale_feedback: list[PromptStats] = []
+        """Stale groups dropped since the last version, sent in its transaction (step 5)."""
         if restored:
             logger.info(
                 "trainer epoch %d resumed %s at version %d from offsets %s; publishing it as version %d",
@@ -160,9 +185,11 @@ class Trainer:
                 for message in consumer.poll(max_records=1024, timeout=0.5):
                     self._admit(message, assembler)
                 waited += time.perf_counter() - t0
-                taken = assembler.take()
+                taken = assembler.take(self._oldest_trainable())
                 if taken is None:
                     continue
+                if assembler.stale:
+                    self._drop_stale(assembler.stale)
                 self._step(taken, waited)
                 waited = 0.0
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
@@ -203,6 +230,8 @@ class Trainer:
                 now_ms(),
             )
             self.transactions.send(ctx.topics.ledger(self.policy), ctx.codec.encode(entry), key=str(version).encode())
+            for stats in self.stale_feedback:
+                self.transactions.send(ctx.topics.feedback(), ctx.codec.encode(stats), key=stats.prompt_id.encode())
             self.transactions.send_offsets(
                 self.consumer, {TopicPartition(topic, p): offset for p, offset in self.offsets.items()}
             )
@@ -215,6 +244,7 @@ class Trainer:
             ) from exc
         self.parent = (self.epoch, version)
         self.committed = dict(self.offsets)
+        self.stale_feedback = []
 
     def _admit(self, message: Message, assembler: BatchAssembler) -> None:
         """Add the sample of ``message`` to ``assembler``, or dead-letter it with the reason."""
@@ -252,6 +282,55 @@ class Trainer:
         if not sample.replayed and sample.trajectory.group_size != group_size:
             return f"group_size: {sample.trajectory.group_size}, but the policy's rollout.group_size is {group_size}"
         return None
+
+    def _oldest_trainable(self) -> int | None:
+        """The oldest version a fresh sample may be generated with to be trained now (step 1); ``None``
+        while no bound applies: no staleness operator, or samples read again after a crash."""
+        if self.staleness_bound is None:
+            return None
+        if any(self.offsets.get(partition, 0) < end for partition, end in self.retrain_until.items()):
+            return None
+        return self.learner.version - self.staleness_bound
+
+    def _drop_stale(self, stale: list[tuple[TrainSample | None, Message]]) -> None:
+        """Consume the stale groups' records without training them; report each group as dropped."""
+        groups: dict[str, list[TrainSample]] = {}
+        for sample, _ in stale:
+            if sample is not None:
+                groups.setdefault(sample.trajectory.group_id, []).append(sample)
+        version, bound = self.learner.version, self.staleness_bound
+        for group_id, members in groups.items():
+            rewards = np.array([sample.trajectory.reward for sample in members], dtype=np.float64)
+            first = members[0].trajectory
+            oldest = min(sample.trajectory.min_version for sample in members)
+            self.stale_feedback.append(
+                PromptStats(
+                    prompt_id=first.prompt_id,
+                    group_id=group_id,
+                    workflow=first.workflow,
+                    policy=self.policy,
+                    version=oldest,
+                    num_samples=len(members),
+                    mean_reward=float(rewards.mean()),
+                    reward_std=float(rewards.std()),
+                    pass_rate=float((rewards > 0).mean()),
+                    accepted=False,
+                    drop_reason=f"stale: {version - oldest} versions behind the trainer at version {version}"
+                    f" (max {bound}), dropped by the trainer",
+                    created_ms=now_ms(),
+                    trajectory_ids=[sample.trajectory.trajectory_id for sample in members],
+                )
+            )
+        self.stale_samples += sum(sample is not None for sample, _ in stale)
+        self._advance(stale)
+        logger.warning(
+            "dropped %d stale groups (%d samples) at version %d: generated more than %d versions before it",
+            len(groups),
+            len(stale),
+            version,
+            bound,
+        )
+        self.ctx.metric(TRAIN_STALE_SAMPLES, self.stale_samples, version, policy=self.policy)
 
     def _reject(self, message: Message, reason: str, error: BaseException | None = None) -> None:
         self.rejected += 1

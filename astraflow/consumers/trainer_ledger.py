@@ -40,6 +40,8 @@ class TrainerLedger:
     last_epoch: int = 0
     last_version: int | None = None
     """The highest version of any entry; ``None`` for an empty ledger."""
+    last_offsets: dict[str, int] = field(default_factory=dict)
+    """The samples offsets after the entry of ``last_version`` (the newest version published)."""
 
     @classmethod
     def read(cls, log: Log, codec: Codec, topic: str) -> "TrainerLedger":
@@ -58,7 +60,8 @@ class TrainerLedger:
     def note(self, entry: LedgerEntry) -> None:
         self.keys.add((entry.epoch, entry.version))
         self.last_epoch = max(self.last_epoch, entry.epoch)
-        self.last_version = entry.version if self.last_version is None else max(self.last_version, entry.version)
+        if self.last_version is None or entry.version >= self.last_version:
+            self.last_version, self.last_offsets = entry.version, dict(entry.offsets)
 
     @property
     def next_epoch(self) -> int:

@@ -2,12 +2,13 @@
 
 Back-pressure follows AReaL's staleness capacity (docs/algorithms.md): with B groups per trainer batch
 and trainer version V, at most ``(max_staleness + V + 1) · B`` groups may have been submitted in
-total, plus every group the stream processor dropped (zero variance or stale, reported on the
-feedback topic with ``accepted = false``), because a dropped group never reaches the trainer and
-would otherwise stall the run. With a replay ratio ρ in the stream pipeline only (1 − ρ) of each
-batch is fresh, so n batches take n · B · (1 − ρ) + 1 fresh groups (``PolicyBudget.fresh_groups``:
-the one more is for the replay share the first batch misses). The feeder learns V from the weights
-topic's manifests.
+total, plus every group the stream processor or the trainer dropped (zero variance or stale,
+reported on the feedback topic with ``accepted = false``), because a dropped group never reaches
+the trainer and would otherwise stall the run. Each dropped group counts once, and a stale one not
+at all where ``max_staleness`` is 0: there it was surplus (``feedback.py``). With a replay ratio ρ
+in the stream pipeline only (1 − ρ) of each batch is fresh, so n batches take n · B · (1 − ρ) + 1
+fresh groups (``PolicyBudget.fresh_groups``: the one more is for the replay share the first batch
+misses). The feeder learns V from the weights topic's manifests.
 
 With several policies the bound is computed per policy p, in tasks: one task yields g_p groups of
 p (``Workflow.groups_per_task``), so n batches take ⌈fresh groups of p / g_p⌉ tasks and p's dropped
@@ -210,7 +211,8 @@ class TaskFeeder:
             # opening the producer fences an older feeder (step 3), so the tasks read next are final
             producer = stack.enter_context(ctx.log.transactional_producer(self.transactional_id))
             self.resume()
-            feedback = FeedbackReader(ctx, self.curator)
+            replace_stale = {policy: budget.max_staleness > 0 for policy, budget in self.budgets.items()}
+            feedback = FeedbackReader(ctx, self.curator, replace_stale)
             stack.callback(feedback.close)
             feedback.catch_up()
             followers = {}

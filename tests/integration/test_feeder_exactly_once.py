@@ -32,9 +32,9 @@ def hard(prompt: str) -> PromptStats:
     return PromptStats(prompt, f"{prompt}@0", "math", "main", 0, 2, 0.0, 0.0, 0.0)
 
 
-def dropped() -> PromptStats:
-    """A group the stream processor dropped: the feeder may submit one more task."""
-    return PromptStats("gone", "gone@0", "math", "main", 0, 2, 0.5, 0.5, 0.5, accepted=False)
+def dropped(group: int) -> PromptStats:
+    """A group the stream processor dropped: the feeder may submit one more task (once per group)."""
+    return PromptStats("gone", f"gone@{group}", "math", "main", 0, 2, 0.5, 0.5, 0.5, accepted=False)
 
 
 def write_feedback(ctx: ComponentContext, records: list[PromptStats]) -> None:
@@ -80,7 +80,9 @@ def test_a_feeder_killed_mid_round_shows_none_of_it_and_resumes_as_if_uninterrup
     uninterrupted = context(log_target, tmp_path / "a", "feed", {**RAW, "run": f"fa{unique}"})
     ctx = context(log_target, tmp_path / "b", "feed", {**RAW, "run": f"fb{unique}"})
     try:
-        write_feedback(uninterrupted, [hard(row.prompt_id) for row in ROWS] + [dropped()] * ROUND)
+        write_feedback(
+            uninterrupted, [hard(row.prompt_id) for row in ROWS] + [dropped(group) for group in range(ROUND)]
+        )
         feed(uninterrupted, 2 * ROUND)
         expected = submitted(uninterrupted)
 
@@ -92,7 +94,7 @@ def test_a_feeder_killed_mid_round_shows_none_of_it_and_resumes_as_if_uninterrup
         with running(lambda: TaskFeeder(ctx, ROWS, seed=0).run(threading.Event())) as raised:
             read_tasks(ctx, ROUND)
             first_round = sum(log.end_offsets(topic).values())
-            write_feedback(ctx, [dropped()] * ROUND)  # room for a second round
+            write_feedback(ctx, [dropped(group) for group in range(ROUND)])  # room for a second round
         assert [type(exc) for exc in raised] == [Killed]
         ctx.producer.flush()  # what the dead feeder had queued reaches the log, as its delivery would have
         if backend == "embedded":  # the log writes a transaction only at its commit

@@ -86,7 +86,9 @@ def weights_sha256(model: torch.nn.Module) -> str:
 def train_reference(tmp_path: Path) -> dict[str, object]:
     """Train ``VERSIONS`` versions of the math example's trainer on the recorded samples."""
     base = create_tiny_checkpoint(tmp_path / "base", TinyModelSpec(seed=11))
-    config = load_config(REPO / "examples" / "math" / "config.yaml", {"model": {"path": str(base)}})
+    # the recorded samples are all of version 0: no staleness bound, as for a replay
+    overrides = {"mode": "async", "stream": {"max_staleness": 1_000_000}, "model": {"path": str(base)}}
+    config = load_config(REPO / "examples" / "math" / "config.yaml", overrides)
     ctx = ComponentContext(config, tmp_path / "run", "train")
     for sample in recorded_samples(VERSIONS * config.train.batch_samples):
         ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=sample.trajectory.group_id.encode())

@@ -12,10 +12,18 @@ from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 
 
+UNBOUNDED = {"mode": "async", "stream": {"max_staleness": 1_000_000}}
+"""No staleness bound: the recorded samples (all of version 0) train any number of versions, as a
+replay's would; a test of the bound sets its own."""
+
+
 def tiny_math_config(tmp_path: Path, overrides: dict) -> RunConfig:
-    """The math example's config over a tiny model made in ``tmp_path/base``, with ``overrides``."""
+    """The math example's config over a tiny model made in ``tmp_path/base``, without a staleness bound
+    (``UNBOUNDED``), with ``overrides``."""
     base = create_tiny_checkpoint(tmp_path / "base", TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2))
-    return load_config(REPO / "examples" / "math" / "config.yaml", {"model": {"path": str(base)}, **overrides})
+    return load_config(
+        REPO / "examples" / "math" / "config.yaml", {**UNBOUNDED, "model": {"path": str(base)}, **overrides}
+    )
 
 
 def stopping_at(trainer: Trainer, version: int, stop: threading.Event, crash: bool = False) -> Trainer:
