@@ -52,8 +52,9 @@ def run_dir(warmed_run_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The directory of one finished ``astraflow run`` of the math example (80 versions, ~1.7
-    minutes on 2 quiet cores), shared by the tests that check it learned and those that use its
-    logged topics (replay). Bounded by versions, not minutes, so a loaded machine is only slower."""
+    minutes on 2 quiet cores), shared by the tests that check it learned, those that use its
+    logged topics (replay) and the one that reads what it printed into a pipe (``run.stdout``).
+    Bounded by versions, not minutes, so a loaded machine is only slower."""
     import shutil
 
     run_dir = tmp_path_factory.mktemp("math-run")
@@ -66,6 +67,7 @@ def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (run_dir / "run.stdout").write_text(result.stdout)
     return run_dir
 
 
