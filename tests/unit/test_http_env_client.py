@@ -16,9 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from astraflow.config import AgentConfig, parse_config
 from astraflow.envs.base import EnvError
 from astraflow.envs.http import HttpEnv
+from astraflow.errors import ConfigError
 from astraflow.schemas.records import RolloutTask
+from astraflow.tasks.catalog import open_environments
 
 TASK = RolloutTask("t@0", "t", "t@0", "http", "", "{}", 1, 0, 0)
 CAP = 1 << 20  # the default answer size cap
@@ -186,6 +189,20 @@ def test_only_allowed_hosts_and_http_urls_are_accepted(serve: Callable[..., Scri
     for url in ["file:///etc/passwd", "ftp://127.0.0.1/", "http:///no-host", "127.0.0.1:8765"]:
         with pytest.raises(EnvError, match="not an http:// or https:// URL with a host"):
             HttpEnv(url, TASK, 0)
+
+
+def test_the_config_refuses_a_url_off_the_allow_list_at_load_time(serve: Callable[..., ScriptedServer]) -> None:
+    agent = {"env_url": "http://10.1.2.3:8765", "env_allowed_hosts": ["env.example.org"]}
+    with pytest.raises(ConfigError, match=r"agent: .*env_url's host '10\.1\.2\.3' is not in env_allowed_hosts"):
+        parse_config({"rollout": {"workflow": "http_env", "reward": "env"}, "agent": agent})
+    with pytest.raises(ConfigError, match=r"agent: .*env_url 'file:///etc/passwd' is not an http"):
+        parse_config({"agent": {"env_url": "file:///etc/passwd"}})
+    assert AgentConfig().env_max_response_bytes == CAP and AgentConfig().env_allowed_hosts == ()
+    server = serve(lambda handler: send(handler, b" " * 2048))
+    config = AgentConfig(env_url=server.url, env_max_response_bytes=1024, env_allowed_hosts=("127.0.0.1",))
+    environments = open_environments("http_env", "env", config, None)
+    with pytest.raises(EnvError, match=r"exceeds the 1,024 byte cap"):  # the config reaches the client
+        environments(TASK, 0).reset()
 
 
 def bad_status_line(handler: _Handler) -> None:
