@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -184,7 +185,33 @@ class AgentConfig(Section):
         "directory."
     )
     env_url: str | None = None
-    """``http_env``: base URL of the environment server (``reset`` / ``step`` / ``close``)."""
+    (
+        "``http_env``: base URL of the environment server (``reset`` / ``step`` / ``close``), ``http://`` or "
+        "``https://``; its host must be on ``env_allowed_hosts`` (checked at load time)."
+    )
     env_timeout_s: float = Field(default=10.0, gt=0.0, le=600.0)
-    """``http_env``: timeout of one request."""
+    (
+        "``http_env``: deadline of one request, connecting, sending and reading the whole answer together (a server "
+        "that drips its answer fails the task at it)."
+    )
+    env_max_response_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+    """``http_env``: largest answer read from the environment server; a larger one fails the task."""
+    env_allowed_hosts: tuple[str, ...] = ()
+    (
+        "``http_env``: host names or addresses the environment server may be at; empty: only ``env_url``'s own. "
+        "Redirects are never followed and proxy variables (``http_proxy``...) are ignored, so no other host is "
+        "contacted."
+    )
     sandbox: SandboxConfig = SandboxConfig()
+
+    @model_validator(mode="after")
+    def _env_url_is_allowed(self) -> "AgentConfig":
+        if self.env_url is None:
+            return self
+        parts = urlsplit(self.env_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"env_url {self.env_url!r} is not an http:// or https:// URL with a host")
+        allowed = {host.strip("[]").lower() for host in self.env_allowed_hosts}
+        if allowed and parts.hostname not in allowed:
+            raise ValueError(f"env_url's host {parts.hostname!r} is not in env_allowed_hosts {sorted(allowed)}")
+        return self

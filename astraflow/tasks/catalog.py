@@ -5,7 +5,8 @@
 - ``code``: ``CodeEnv`` running each program in the sandbox of ``agent.sandbox``, which must work
   at start-up (``SandboxUnavailableError`` otherwise); reward ``tests_passed``.
 - ``rooms``: the bundled room-navigation game in process; reward ``env``.
-- ``http_env``: ``HttpEnv`` against ``agent.env_url``; reward ``env``.
+- ``http_env``: ``HttpEnv`` against ``agent.env_url`` (a host on ``agent.env_allowed_hosts``, checked
+  when the config is loaded), within ``agent.env_timeout_s`` and ``env_max_response_bytes``; reward ``env``.
 
 Resources shared by every episode (the index, the sandbox) are opened once, on first use or by
 ``Environments.open`` (rollout producers open them at start-up, so a missing corpus or a broken
@@ -65,7 +66,14 @@ def _rooms_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
 def _http_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
     from astraflow.envs.http import HttpEnv
 
-    return lambda task, episode: HttpEnv(agent.env_url, task, episode, agent.env_timeout_s)
+    return lambda task, episode: HttpEnv(
+        agent.env_url,
+        task,
+        episode,
+        agent.env_timeout_s,
+        max_response_bytes=agent.env_max_response_bytes,
+        allowed_hosts=agent.env_allowed_hosts,
+    )
 
 
 ENVIRONMENTS: dict[str, tuple[str, Callable[[AgentConfig, Path | None], EnvFactory]]] = {
