@@ -8,8 +8,10 @@ driver needs Python 3.9+ and pidfds in the sandbox); with no working backend it 
 
 from __future__ import annotations
 
-from astraflow.sandbox.base import RunResult, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError
+from astraflow.sandbox.base import RunResult, Sandbox
 from astraflow.sandbox.bwrap import BwrapSandbox
+from astraflow.sandbox.errors import SandboxError, SandboxUnavailableError
+from astraflow.sandbox.limits import SandboxLimits
 from astraflow.sandbox.unshare import UnshareSandbox
 
 BACKENDS: dict[str, type[Sandbox]] = {"bwrap": BwrapSandbox, "unshare": UnshareSandbox}

@@ -27,16 +27,16 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from astraflow.errors import AstraFlowError
+from astraflow.sandbox.errors import SandboxError
+from astraflow.sandbox.host import read_capped, start, throwaway_dir
+from astraflow.sandbox.limits import SandboxLimits
 
-SANDBOX_UID = 65534  # nobody: a root caller drops to it, so the kernel enforces RLIMIT_NPROC
 WORKDIR = "/work"
 PROGRAM_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -45,43 +45,9 @@ PROGRAM_ENV = {
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # no /etc, /home, /root, /tmp
 LAUNCHER = Path(__file__).with_name("launcher.py")
 TESTS_DRIVER = Path(__file__).with_name("tests_driver.py")
 REPORT_BYTES_PER_TEST = 512  # the JSON around one test's base64 outputs in the driver's report
-
-
-class SandboxError(AstraFlowError):
-    """The sandbox itself failed: the program did not run, so there is no result to score."""
-
-
-class SandboxUnavailableError(SandboxError):
-    """No sandbox backend works on this machine; the message says what to install or enable."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-run limits; every one of them is enforced by the kernel, not by the program."""
-
-    wall_seconds: float = 5.0  # the whole sandbox (every process in it) is killed after this
-    cpu_seconds: int = 2  # RLIMIT_CPU of each process (SIGXCPU, then SIGKILL one second later)
-    memory_mb: int = 256  # RLIMIT_AS of each process
-    max_processes: int = 16  # RLIMIT_NPROC inside the sandbox's user namespace
-    max_file_mb: int = 8  # RLIMIT_FSIZE, and the size of the /work and /tmp tmpfs
-    max_open_files: int = 64  # RLIMIT_NOFILE
-    max_output_bytes: int = 64 * 1024  # stdout / stderr kept (the rest is cut, and reported)
-
-    def rlimits(self) -> dict[str, tuple[int, int]]:
-        """The ``resource`` limits the launcher sets on the program, by name."""
-        mib = 1024 * 1024
-        return {
-            "RLIMIT_CPU": (self.cpu_seconds, self.cpu_seconds + 1),
-            "RLIMIT_AS": (self.memory_mb * mib, self.memory_mb * mib),
-            "RLIMIT_NPROC": (self.max_processes, self.max_processes),
-            "RLIMIT_FSIZE": (self.max_file_mb * mib, self.max_file_mb * mib),
-            "RLIMIT_NOFILE": (self.max_open_files, self.max_open_files),
-            "RLIMIT_CORE": (0, 0),
-        }
 
 
 @dataclass
@@ -151,8 +117,8 @@ class Sandbox(ABC):
         report_bytes = 2 * 4 * -(-cap // 3) + REPORT_BYTES_PER_TEST  # two base64 outputs
         per_run = max(1, self.limits.max_file_mb * 1024 * 1024 // report_bytes)
         results: list[RunResult] = []
-        for start in range(0, len(stdins), per_run):
-            batch = stdins[start : start + per_run]
+        for first in range(0, len(stdins), per_run):
+            batch = stdins[first : first + per_run]
             limits = replace(
                 self.limits,
                 wall_seconds=(len(batch) + 1) * self.limits.wall_seconds,
@@ -198,7 +164,6 @@ class Sandbox(ABC):
         try:
             inputs, stdin_path = write_inputs(directory, files, stdin)
             with (
-                open(stdin_path, "rb") as fin,
                 open(directory / "stdout", "wb+") as fout,
                 open(directory / "stderr", "wb+") as ferr,
                 open(directory / "status", "wb+") as fstatus,
@@ -214,16 +179,7 @@ class Sandbox(ABC):
                 command = self.command(directory, inputs, spec)
                 started = time.perf_counter()
                 try:
-                    process = subprocess.Popen(
-                        command,
-                        stdin=fin,
-                        stdout=fout,
-                        stderr=ferr,
-                        pass_fds=(fstatus.fileno(),),
-                        start_new_session=True,
-                        env={"PATH": "/usr/bin:/bin"},
-                        **drop_privileges(),
-                    )
+                    process = start(command, stdin_path, fout, ferr, (fstatus.fileno(),))
                 except OSError as exc:
                     raise SandboxError(f"{self.name}: cannot start {command[0]}: {exc}") from exc
                 timed_out = False
@@ -235,8 +191,8 @@ class Sandbox(ABC):
                     code = process.wait()
                 wall_ms = (time.perf_counter() - started) * 1000
                 status = (directory / "status").read_text(errors="replace").splitlines()
-                stdout, cut_out = _read(fout, limits.max_output_bytes)
-                stderr, cut_err = _read(ferr, limits.max_output_bytes)
+                stdout, cut_out = read_capped(fout, limits.max_output_bytes)
+                stderr, cut_err = read_capped(ferr, limits.max_output_bytes)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         failed = [line for line in status if line not in expect]
@@ -282,30 +238,6 @@ def _decode(data: str, cap: int) -> str:
     return base64.b64decode(data, validate=True)[:cap].decode(errors="replace")
 
 
-def _read(handle, limit: int) -> tuple[str, bool]:
-    handle.seek(0)
-    data = handle.read(limit + 1)
-    return data[:limit].decode(errors="replace"), len(data) > limit
-
-
-def system_mounts() -> tuple[list[str], dict[str, str]]:
-    """The read-only system the program sees: directories to bind, and the symlinks among them."""
-    binds, links = [], {}
-    for path in SYSTEM_PATHS:
-        if os.path.islink(path):
-            links[path] = os.readlink(path)
-        elif os.path.isdir(path):
-            binds.append(path)
-    return binds, links
-
-
-def throwaway_dir() -> Path:
-    """A fresh host directory the sandbox user can read (for the program's input files)."""
-    path = Path(tempfile.mkdtemp(prefix="astraflow-sandbox-"))
-    path.chmod(0o755)
-    return path
-
-
 def write_inputs(directory: Path, files: Mapping[str, str | bytes], stdin: str | bytes) -> tuple[dict[str, Path], Path]:
     """Write the program's files and stdin under ``directory``; names must be plain file names."""
     paths = {}
@@ -320,14 +252,3 @@ def write_inputs(directory: Path, files: Mapping[str, str | bytes], stdin: str |
     stdin_path = directory / "stdin"
     stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
     return paths, stdin_path
-
-
-def drop_privileges() -> dict[str, object]:
-    """``subprocess.Popen`` keyword arguments that run a root caller's sandbox as ``nobody``.
-
-    As root, the sandboxed processes would map to the host's uid 0, for which the kernel skips
-    RLIMIT_NPROC (a fork bomb would not be contained) and owner checks pass on root's files.
-    """
-    if os.geteuid() != 0:
-        return {}
-    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}

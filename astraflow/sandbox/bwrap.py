@@ -1,7 +1,7 @@
 """The bubblewrap backend (Debian's ``bubblewrap`` package): the preferred isolation.
 
 Namespaces: user, pid, net (loopback only), ipc, uts, cgroup. Filesystem: a fresh root holding
-read-only binds of the system directories (``base.SYSTEM_PATHS``), a size-limited tmpfs ``/work``
+read-only binds of the system directories (``host.SYSTEM_PATHS``), a size-limited tmpfs ``/work``
 (the program's throwaway directory, input files bound read-only into it) and ``/tmp``, ``/proc``
 of the new pid namespace and a minimal ``/dev``; the root itself is remounted read-only.
 ``--die-with-parent`` ties the sandbox to the bwrap process the caller kills on a timeout, and
@@ -13,7 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from astraflow.sandbox.base import WORKDIR, Sandbox, system_mounts
+from astraflow.sandbox.base import WORKDIR, Sandbox
+from astraflow.sandbox.host import system_mounts
 
 
 class BwrapSandbox(Sandbox):
