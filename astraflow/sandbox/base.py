@@ -2,8 +2,10 @@
 
 A sandbox runs one untrusted program (argv + files + stdin) in a fresh throwaway directory with
 no network, a read-only system (only ``/usr`` and its siblings are visible; ``/etc``, ``/home``,
-``/root`` and the caller's directories are not), and CPU / memory / process / file-size / wall
-limits. The two outcomes are kept apart on purpose:
+``/root`` and the caller's directories are not), none of the caller's environment, a seccomp
+filter that keeps it from nested user namespaces and the kernel interfaces kept for root
+(``seccomp.py``), and CPU / memory / process / file-size / wall limits (rlimits on each process).
+The two outcomes are kept apart on purpose:
 
 - the *program* failed (non-zero exit, killed by a limit, timed out): a ``RunResult``, which a
   reward turns into a failed test;
@@ -33,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from astraflow.sandbox import seccomp
 from astraflow.sandbox.errors import SandboxError
 from astraflow.sandbox.host import read_capped, start, throwaway_dir
 from astraflow.sandbox.limits import SandboxLimits
@@ -90,6 +93,11 @@ class Sandbox(ABC):
     def __init__(self, limits: SandboxLimits, python: str = "/usr/bin/python3") -> None:
         self.limits = limits
         self.python = python
+        self.seccomp: bytes | None = seccomp.deny_filter(os.uname().machine)
+
+    def userns_guards(self) -> tuple[str, ...]:
+        """The mechanisms this backend sets up against nested user namespaces."""
+        return ("seccomp",) if self.seccomp else ()
 
     @abstractmethod
     def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:
@@ -175,6 +183,7 @@ class Sandbox(ABC):
                     "argv": argv,
                     "env": PROGRAM_ENV,
                     "cwd": WORKDIR,
+                    "seccomp": self.seccomp.hex() if self.seccomp else None,
                 }
                 command = self.command(directory, inputs, spec)
                 started = time.perf_counter()
