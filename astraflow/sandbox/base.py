@@ -4,8 +4,9 @@ A sandbox runs one untrusted program (argv + files + stdin) in a fresh throwaway
 no network, a read-only system (only ``/usr`` and its siblings are visible; ``/etc``, ``/home``,
 ``/root`` and the caller's directories are not), none of the caller's environment, a seccomp
 filter that keeps it from nested user namespaces and the kernel interfaces kept for root
-(``seccomp.py``), and CPU / memory / process / file-size / wall limits (rlimits on each process).
-The two outcomes are kept apart on purpose:
+(``seccomp.py``), and CPU / memory / process / file-size / wall limits: rlimits on each process
+and, where the host lets us make cgroups, a cgroup per run (``cgroups.py``). The two outcomes are
+kept apart on purpose:
 
 - the *program* failed (non-zero exit, killed by a limit, timed out): a ``RunResult``, which a
   reward turns into a failed test;
@@ -35,9 +36,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from astraflow.sandbox import seccomp
+from astraflow.sandbox import cgroups, seccomp
+from astraflow.sandbox.cgroups import CgroupSetup
 from astraflow.sandbox.errors import SandboxError
-from astraflow.sandbox.host import read_capped, start, throwaway_dir
+from astraflow.sandbox.host import Gate, read_capped, start, throwaway_dir
 from astraflow.sandbox.limits import SandboxLimits
 
 WORKDIR = "/work"
@@ -94,6 +96,7 @@ class Sandbox(ABC):
         self.limits = limits
         self.python = python
         self.seccomp: bytes | None = seccomp.deny_filter(os.uname().machine)
+        self.cgroups: CgroupSetup | None = cgroups.host_cgroups()
 
     def userns_guards(self) -> tuple[str, ...]:
         """The mechanisms this backend sets up against nested user namespaces."""
@@ -162,14 +165,22 @@ class Sandbox(ABC):
     ) -> RunResult:
         """Run ``argv`` under ``limits``; ``SandboxError`` unless the status file holds the lines of ``expect``.
 
-        Steps: write the inputs to a throwaway host directory; start the backend's command in its
-        own session with stdout / stderr going to files (the program's RLIMIT_FSIZE bounds them);
-        wait up to ``wall_seconds``, then kill the session, which takes the sandbox's pid
-        namespace and every process in it down; read the status lines, the outputs, and remove
-        the directory. ``driver-ready`` in ``expect`` hands the status fd on to the tests driver.
+        Steps: write the inputs to a throwaway host directory; make the run's cgroup (where the
+        host has them); start the backend's command in its own session (and in that cgroup) with
+        stdout / stderr going to files (the program's RLIMIT_FSIZE bounds them); wait up to
+        ``wall_seconds``, then kill the session, which takes the sandbox's pid namespace and every
+        process in it down; read the status lines, the outputs, and remove the cgroup and the
+        directory. ``driver-ready`` in ``expect`` hands the status fd on to the tests driver.
         """
         directory = throwaway_dir()
+        cgroup, gate = None, None
         try:
+            if self.cgroups is not None:
+                try:
+                    cgroup = self.cgroups.create(limits)
+                except OSError as exc:
+                    raise SandboxError(f"{self.name}: cannot make the run's cgroup: {exc}") from exc
+                gate = Gate()
             inputs, stdin_path = write_inputs(directory, files, stdin)
             with (
                 open(directory / "stdout", "wb+") as fout,
@@ -184,13 +195,23 @@ class Sandbox(ABC):
                     "env": PROGRAM_ENV,
                     "cwd": WORKDIR,
                     "seccomp": self.seccomp.hex() if self.seccomp else None,
+                    "gate_fd": gate.read_fd if gate else None,
                 }
                 command = self.command(directory, inputs, spec)
                 started = time.perf_counter()
                 try:
-                    process = start(command, stdin_path, fout, ferr, (fstatus.fileno(),))
+                    process = start(
+                        command, stdin_path, fout, ferr, (fstatus.fileno(),) + ((gate.read_fd,) if gate else ())
+                    )
                 except OSError as exc:
                     raise SandboxError(f"{self.name}: cannot start {command[0]}: {exc}") from exc
+                if gate is not None and cgroup is not None:
+                    try:
+                        gate.open_for(process, cgroup, limits.wall_seconds)
+                    except OSError as exc:
+                        os.killpg(process.pid, signal.SIGKILL)
+                        process.wait()
+                        raise SandboxError(f"{self.name}: cannot put the run in its cgroup: {exc}") from exc
                 timed_out = False
                 try:
                     code = process.wait(timeout=limits.wall_seconds)
@@ -203,6 +224,10 @@ class Sandbox(ABC):
                 stdout, cut_out = read_capped(fout, limits.max_output_bytes)
                 stderr, cut_err = read_capped(ferr, limits.max_output_bytes)
         finally:
+            if gate is not None:
+                gate.close()
+            if cgroup is not None:
+                cgroup.remove()
             shutil.rmtree(directory, ignore_errors=True)
         failed = [line for line in status if line not in expect]
         missing = [line for line in expect if line not in status]

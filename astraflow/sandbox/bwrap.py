@@ -7,7 +7,9 @@ holding read-only binds of the system directories (``host.SYSTEM_PATHS``), a siz
 ``/work`` (the program's throwaway directory, input files bound read-only into it) and ``/tmp``,
 ``/proc`` of the new pid namespace and a minimal ``/dev``; the root itself is remounted read-only.
 ``--die-with-parent`` ties the sandbox to the bwrap process the caller kills on a timeout, and
-``--new-session`` keeps the program off the caller's terminal.
+``--new-session`` keeps the program off the caller's terminal. ``--as-pid-1``: the launcher is
+the namespace's init, as with ``unshare``, so the host finds it as bwrap's child to put it in the
+run's cgroup (``host.Gate``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class BwrapSandbox(Sandbox):
             "--unshare-all",
             "--die-with-parent",
             "--new-session",
+            "--as-pid-1",
             "--hostname",
             "sandbox",
             "--clearenv",

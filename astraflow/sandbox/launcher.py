@@ -12,8 +12,10 @@ imports nothing but the standard library and nothing from AstraFlow. Steps:
    records), with ``no_new_privs`` (bubblewrap sets it too): every process the program starts
    inherits it, and nothing can remove it. Here, not through ``bwrap --seccomp``, so both
    backends install it the same way, after the setup that needs ``mount`` and ``pivot_root``.
-3. (``unshare`` backend) Fork, staying as the namespace's init that reaps and reports the
-   program's status (128 + N for signal N, as bubblewrap does).
+3. With ``gate_fd`` (the host makes a cgroup per run), wait until the host has put this process
+   in the run's cgroup and says so on that pipe (``host.Gate`` says why here). Then fork, staying
+   as the pid namespace's init (pid 1 of both backends: bubblewrap runs with ``--as-pid-1``) that
+   reaps orphans and exits with the program's status (128 + N for signal N, as bubblewrap does).
 4. Set the rlimits of the spec on this process (they are inherited by everything it starts).
 5. Write ``ready`` to the status fd, mark it close-on-exec, and ``exec`` the program. An ``exec``
    that fails writes ``exec-failed: <reason>`` and exits 127: a sandbox error, not a result.
@@ -121,6 +123,14 @@ def install_seccomp(program):
     check(LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
+def wait_for_cgroup(gate):
+    """Step 3: block until the host writes to the gate; a gate closed unwritten is a failed setup."""
+    placed = os.read(gate, 1)
+    os.close(gate)
+    if placed != b"1":
+        raise OSError(0, "the host did not put the sandbox in its cgroup")
+
+
 def init_and_wait(status):
     """Fork; the parent stays as the pid namespace's init and exits with the program's status."""
     child = os.fork()
@@ -142,8 +152,9 @@ def main():
             drop_capabilities()
         if spec.get("seccomp"):
             install_seccomp(bytes.fromhex(spec["seccomp"]))
-        if spec.get("root"):
-            init_and_wait(status)
+        if spec.get("gate_fd") is not None:
+            wait_for_cgroup(spec["gate_fd"])
+        init_and_wait(status)
         for name, (soft, hard) in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
     except OSError as exc:

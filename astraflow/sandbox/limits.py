@@ -1,4 +1,4 @@
-"""The limits of one run, which the launcher inside the sandbox sets as rlimits."""
+"""The limits of one run, which the launcher (rlimits) and the run's cgroup (``cgroups.py``) enforce."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class SandboxLimits:
     max_file_mb: int = 8  # RLIMIT_FSIZE, and the size of the /work and /tmp tmpfs
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_bytes: int = 64 * 1024  # stdout / stderr kept (the rest is cut, and reported)
+    cpus: float = 1.0  # CPU bandwidth of the whole run, where it has a cgroup with the cpu controller
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """The ``resource`` limits the launcher sets on the program, by name."""

@@ -8,7 +8,10 @@ fails under ``CI=true``, never skips) and would succeed without the protection i
 - nested user namespaces (``unshare -U``, ``unshare(2)``, ``clone(CLONE_NEWUSER)``, ``clone3``):
   the seccomp filter, and bubblewrap's ``--disable-userns``;
 - ptrace, ``process_vm_readv`` and the other kernel interfaces of the seccomp filter: ``EPERM``
-  where the kernel itself would answer otherwise.
+  where the kernel itself would answer otherwise;
+- memory over several processes: bounded by the run's cgroup where the host has one.
+
+The cgroup setups of a hybrid (v1) and a v2 host are read from sample ``/proc`` texts.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ import os
 import re
 import struct
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from astraflow.sandbox import BACKENDS, Sandbox, seccomp
-from tests.unit.sandboxes import working
+from astraflow.sandbox import BACKENDS, Sandbox, cgroups, seccomp
+from tests.unit.sandboxes import LIMITS, working
 
 MACHINE = os.uname().machine
+MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module", params=sorted(BACKENDS))
@@ -158,6 +163,73 @@ def test_threads_and_subprocesses_still_work_under_the_filter(sandbox: Sandbox) 
     )
     result = sandbox.run_python(program)
     assert result.ok and result.stdout == "thread child\n", result.stderr
+
+
+def test_memory_over_several_processes_is_bounded(sandbox: Sandbox) -> None:
+    """Four processes of 100 MiB each stay under RLIMIT_AS one by one; the run's cgroup stops them together."""
+    program = (
+        "import os, time\n"
+        "children = []\n"
+        "for _ in range(4):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        open('/proc/self/oom_score_adj', 'w').write('1000')  # the OOM killer takes these, not the parent\n"
+        "        block = b'x' * (100 << 20)\n"
+        "        time.sleep(0.5)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "print(sum(os.waitpid(pid, 0)[1] == 0 for pid in children))"
+    )
+    box = type(sandbox)(replace(LIMITS, wall_seconds=10.0))  # reclaim before the OOM kills takes a while
+    result = box.run_python(program)
+    assert result.ok, result
+    held = int(result.stdout) * 100 * MIB
+    if "memory" in (sandbox.cgroups.controllers if sandbox.cgroups else ()):
+        assert held <= cgroups.memory_bytes(LIMITS), f"{result.stdout} processes held 100 MiB"
+    else:
+        assert held <= LIMITS.max_processes * LIMITS.memory_mb * MIB  # rlimits alone: per process
+
+
+HYBRID_MOUNTS = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+HYBRID_OWN = "8:pids:/\n4:memory:/jobs/abc\n1:cpu:/\n0::/\n"
+V2_MOUNTS = "30 24 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+V2_OWN = "0::/system.slice/worker.service\n"
+
+
+def test_cgroup_mounts_and_own_paths_are_read_from_proc() -> None:
+    mounts = cgroups.parse_mounts(HYBRID_MOUNTS)
+    assert [(fstype, str(point)) for fstype, point, _, _ in mounts] == [
+        ("cgroup", "/sys/fs/cgroup/cpu"),
+        ("cgroup", "/sys/fs/cgroup/memory"),
+        ("cgroup", "/sys/fs/cgroup/pids"),
+        ("cgroup2", "/sys/fs/cgroup/unified"),
+    ]
+    assert cgroups.parse_own(HYBRID_OWN) == {"pids": "/", "memory": "/jobs/abc", "cpu": "/", "": "/"}
+    assert cgroups.parse_own("2:cpu,cpuacct:/a\n") == {"cpu": "/a", "cpuacct": "/a"}
+
+
+def test_cgroup_v2_candidates_go_from_the_delegated_to_the_top() -> None:
+    parents = [str(s.hierarchies[0].parent) for s in cgroups.candidates(V2_MOUNTS, V2_OWN, "/srv/delegated")]
+    assert parents == ["/srv/delegated", "/sys/fs/cgroup/system.slice/worker.service", "/sys/fs/cgroup"]
+    assert cgroups.candidates(V2_MOUNTS, V2_OWN, "none") == []
+
+
+def test_cgroup_limits_follow_the_sandbox_limits() -> None:
+    memory = str((LIMITS.memory_mb + 2 * LIMITS.max_file_mb + cgroups.SLACK_MB) * MIB)
+    v2 = cgroups.CgroupSetup("v2", ()).settings(LIMITS)
+    assert v2 == {
+        "memory": {"memory.max": memory, "memory.swap.max": "0"},
+        "pids": {"pids.max": str(LIMITS.max_processes + 1)},
+        "cpu": {"cpu.max": "100000 100000"},
+    }
+    v1 = cgroups.CgroupSetup("v1", ()).settings(replace(LIMITS, cpus=0.5))
+    assert v1["memory"]["memory.limit_in_bytes"] == memory and v1["cpu"]["cpu.cfs_quota_us"] == "50000"
 
 
 HEADERS = {
