@@ -144,7 +144,8 @@ class SandboxConfig(Section):
     backend: Literal["auto", "bwrap", "unshare"] = "auto"
     (
         "Isolation of model-generated programs: ``bwrap`` (bubblewrap), ``unshare`` (user namespaces + rlimits), "
-        "``auto`` (the first that works); none working is an error at start-up."
+        "``auto`` (the first that works); none working is an error at start-up. Both add a seccomp filter and, "
+        "where the host allows, a cgroup per run; the log says what is enforced."
     )
     python: str = "/usr/bin/python3"
     """Interpreter inside the sandbox (the host's system Python, seen read-only)."""

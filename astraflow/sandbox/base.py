@@ -5,8 +5,8 @@ no network, a read-only system (only ``/usr`` and its siblings are visible; ``/e
 ``/root`` and the caller's directories are not), none of the caller's environment, a seccomp
 filter that keeps it from nested user namespaces and the kernel interfaces kept for root
 (``seccomp.py``), and CPU / memory / process / file-size / wall limits: rlimits on each process
-and, where the host lets us make cgroups, a cgroup per run (``cgroups.py``). The two outcomes are
-kept apart on purpose:
+and, where the host lets us make cgroups, a cgroup per run (``cgroups.py``). ``enforcement()``
+reports which of these are in force here. The two outcomes are kept apart on purpose:
 
 - the *program* failed (non-zero exit, killed by a limit, timed out): a ``RunResult``, which a
   reward turns into a failed test;
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from astraflow.sandbox import cgroups, seccomp
 from astraflow.sandbox.cgroups import CgroupSetup
+from astraflow.sandbox.enforcement import Enforcement, observe
 from astraflow.sandbox.errors import SandboxError
 from astraflow.sandbox.host import Gate, read_capped, start, throwaway_dir
 from astraflow.sandbox.limits import SandboxLimits
@@ -97,10 +98,17 @@ class Sandbox(ABC):
         self.python = python
         self.seccomp: bytes | None = seccomp.deny_filter(os.uname().machine)
         self.cgroups: CgroupSetup | None = cgroups.host_cgroups()
+        self._enforcement: Enforcement | None = None
 
     def userns_guards(self) -> tuple[str, ...]:
         """The mechanisms this backend sets up against nested user namespaces."""
         return ("seccomp",) if self.seccomp else ()
+
+    def enforcement(self) -> Enforcement:
+        """What is enforced on this machine, observed once by a program in the sandbox (``enforcement.py``)."""
+        if self._enforcement is None:
+            self._enforcement = observe(self)
+        return self._enforcement
 
     @abstractmethod
     def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:

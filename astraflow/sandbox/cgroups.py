@@ -14,7 +14,7 @@ Where (``host_cgroups``, decided once per process by making and removing a trial
   processes of its own);
 - cgroup v1 (hybrid hosts, where ``memory`` and ``pids`` live in v1 hierarchies): this process's
   own cgroup in the ``memory``, ``pids`` and, if writable, ``cpu`` hierarchies;
-- otherwise none: rlimits alone.
+- otherwise none: rlimits alone, and ``Sandbox.enforcement()`` says so.
 
 Each run gets ``astraflow-sandbox-<pid>-<n>`` under those parents with: memory of ``memory_mb``
 plus both tmpfs plus ``SLACK_MB`` for the launcher and kernel memory, no swap; ``max_processes``

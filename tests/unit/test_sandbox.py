@@ -7,7 +7,8 @@ address), writing outside the throwaway dir, reading host files (/etc/shadow, /r
 repository, a secret in the test's tmp dir), a fork bomb, an infinite loop, a memory hog, an
 output flood; each is contained, reported in the result, and leaves nothing behind on the host.
 ``test_sandbox_hardening.py`` has the rest: the host's environment, nested user namespaces,
-ptrace and the other kernel interfaces of the seccomp filter.
+ptrace and the other kernel interfaces of the seccomp filter, memory over several processes,
+and the report of what is enforced.
 
 A program's tests run batched in one sandbox (``run_python_tests``) give what one run each gives;
 a program that misbehaves on one input fails that test alone, and one that attacks the tests

@@ -9,9 +9,9 @@ fails under ``CI=true``, never skips) and would succeed without the protection i
   the seccomp filter, and bubblewrap's ``--disable-userns``;
 - ptrace, ``process_vm_readv`` and the other kernel interfaces of the seccomp filter: ``EPERM``
   where the kernel itself would answer otherwise;
-- memory over several processes: bounded by the run's cgroup where the host has one.
-
-The cgroup setups of a hybrid (v1) and a v2 host are read from sample ``/proc`` texts.
+- memory over several processes: bounded by the run's cgroup where the host has one;
+- the report (``Sandbox.enforcement()``) holds the essentials and matches what the kernel
+  enforces on the running program (its cgroup and the limits written there).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import json
 import os
 import re
 import struct
+import threading
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.sandbox import BACKENDS, Sandbox, cgroups, seccomp
-from tests.unit.sandboxes import LIMITS, working
+from astraflow.sandbox.bwrap import BwrapSandbox
+from tests.unit.sandboxes import LIMITS, processes_with, working
 
 MACHINE = os.uname().machine
 MIB = 1024 * 1024
@@ -185,9 +188,60 @@ def test_memory_over_several_processes_is_bounded(sandbox: Sandbox) -> None:
     assert result.ok, result
     held = int(result.stdout) * 100 * MIB
     if "memory" in (sandbox.cgroups.controllers if sandbox.cgroups else ()):
-        assert held <= cgroups.memory_bytes(LIMITS), f"{result.stdout} processes held 100 MiB"
+        assert held <= cgroups.memory_bytes(LIMITS), f"{result.stdout} processes held 100 MiB: {box.enforcement()}"
     else:
         assert held <= LIMITS.max_processes * LIMITS.memory_mb * MIB  # rlimits alone: per process
+
+
+def _cgroup_of(pid: int) -> dict[str, str]:
+    return cgroups.parse_own(Path(f"/proc/{pid}/cgroup").read_text())
+
+
+def _program_with(marker: str) -> int | None:
+    """The host pid of the program whose last argument is ``marker`` (not the launcher or bwrap naming it)."""
+    for pid in processes_with(marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").rsplit(b"\0", 1)[-1] == marker.encode():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_the_report_holds_the_essentials_and_matches_the_kernel(sandbox: Sandbox) -> None:
+    report = sandbox.enforcement()
+    assert report.missing() == [], report.describe()
+    assert report.network_isolated and report.seccomp == (MACHINE in seccomp.SYSCALLS)
+    assert ("seccomp" in report.userns_forbidden) == report.seccomp
+    if isinstance(sandbox, BwrapSandbox):
+        assert ("bwrap --disable-userns" in report.userns_forbidden) == sandbox.disable_userns
+    assert any("RLIMIT_AS" in entry for entry in report.memory)
+    setup = sandbox.cgroups
+    assert report.cgroup == (setup.version if setup else None)
+    assert any("cgroup" in entry for entry in report.memory) == bool(setup and "memory" in setup.controllers)
+    # The running program's cgroups, read on the host: the run's own, holding the reported limits.
+    marker = f"marker-{uuid.uuid4().hex}"
+    argv = [sandbox.python, "-I", "-c", "import time; time.sleep(1.5)", marker]
+    run = threading.Thread(target=sandbox.run, args=(argv,))
+    run.start()
+    deadline = time.monotonic() + 5.0
+    while (pid := _program_with(marker)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pid is not None
+    placed, written, expected = _cgroup_of(pid), {}, {}
+    for hierarchy in setup.hierarchies if setup else ():
+        run_dir = hierarchy.parent / placed["" if setup.version == "v2" else hierarchy.controllers[0]].rsplit("/")[-1]
+        assert run_dir.name.startswith(cgroups.PREFIX), placed
+        for controller in hierarchy.controllers:
+            for file, value in setup.settings(LIMITS)[controller].items():
+                if (run_dir / file).exists():
+                    written[file], expected[file] = (run_dir / file).read_text().strip(), value
+    run.join()
+    if setup is None:
+        assert placed == _cgroup_of(os.getpid()), "no per-run cgroup is reported, yet the program is in one"
+        return
+    assert written == expected and {"pids.max"} <= set(written), written
+    assert not [p for h in setup.hierarchies for p in h.parent.glob(f"{cgroups.PREFIX}{os.getpid()}-*")], "left over"
 
 
 HYBRID_MOUNTS = """\
