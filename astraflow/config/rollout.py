@@ -145,7 +145,8 @@ class SandboxConfig(Section):
     backend: Literal["auto", "bwrap", "unshare"] = "auto"
     (
         "Isolation of model-generated programs: ``bwrap`` (bubblewrap), ``unshare`` (user namespaces + rlimits), "
-        "``auto`` (the first that works); none working is an error at start-up."
+        "``auto`` (the first that works); none working is an error at start-up. Both add a seccomp filter and, "
+        "where the host allows, a cgroup per run; the log says what is enforced."
     )
     python: str = "/usr/bin/python3"
     """Interpreter inside the sandbox (the host's system Python, seen read-only)."""
@@ -154,9 +155,15 @@ class SandboxConfig(Section):
     cpu_seconds: int = Field(default=1, ge=1, le=600)
     """CPU-time limit of each process (RLIMIT_CPU)."""
     memory_mb: int = Field(default=256, ge=32, le=65536)
-    """Address-space limit of each process in MiB (RLIMIT_AS)."""
+    (
+        "Address-space limit of each process in MiB (RLIMIT_AS); where the host lets the sandbox make cgroups, also "
+        "the memory of the whole run (plus its tmpfs)."
+    )
     max_processes: int = Field(default=16, ge=2, le=4096)
-    """Processes and threads the program may run at once (RLIMIT_NPROC in its own user namespace)."""
+    (
+        "Processes and threads the program may run at once (RLIMIT_NPROC in its own user namespace, and the run's "
+        "cgroup where there is one)."
+    )
     max_file_mb: int = Field(default=8, ge=1, le=4096)
     """Largest file, and size of the tmpfs ``/work`` and ``/tmp``, in MiB."""
 

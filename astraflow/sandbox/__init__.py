@@ -4,14 +4,23 @@
 and proves it works by running a trivial program once, alone and as a test batch (the tests
 driver needs Python 3.9+ and pidfds in the sandbox); with no working backend it raises
 ``SandboxUnavailableError`` saying what to install, and no program is ever run unsandboxed.
+The sandbox it returns has reported what it enforces here (``Sandbox.enforcement()``), and the
+report is logged: a warning names any essential it lacks (network isolation, no nested user
+namespaces, a memory limit).
 """
 
 from __future__ import annotations
 
-from astraflow.sandbox.base import RunResult, Sandbox, SandboxError, SandboxLimits, SandboxUnavailableError
+import logging
+
+from astraflow.sandbox.base import RunResult, Sandbox
 from astraflow.sandbox.bwrap import BwrapSandbox
+from astraflow.sandbox.enforcement import Enforcement
+from astraflow.sandbox.errors import SandboxError, SandboxUnavailableError
+from astraflow.sandbox.limits import SandboxLimits
 from astraflow.sandbox.unshare import UnshareSandbox
 
+log = logging.getLogger(__name__)
 BACKENDS: dict[str, type[Sandbox]] = {"bwrap": BwrapSandbox, "unshare": UnshareSandbox}
 HINT = (
     "install bubblewrap (apt-get install bubblewrap) or allow unprivileged user namespaces "
@@ -45,6 +54,14 @@ def open_sandbox(
         sandbox = BACKENDS[name](limits, python=python)
         problem = probe(sandbox)
         if problem is None:
+            try:
+                report = sandbox.enforcement()
+            except SandboxError as exc:
+                problems.append(str(exc))
+                continue
+            log.info("sandbox %s", report.describe())
+            if report.missing():
+                log.warning("sandbox %s lacks %s on this machine", name, ", ".join(report.missing()))
             return sandbox
         problems.append(problem)
     raise SandboxUnavailableError(f"no sandbox backend works ({'; '.join(problems)}): {HINT}")
@@ -53,6 +70,7 @@ def open_sandbox(
 __all__ = [
     "BACKENDS",
     "BwrapSandbox",
+    "Enforcement",
     "RunResult",
     "Sandbox",
     "SandboxError",

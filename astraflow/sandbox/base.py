@@ -2,8 +2,11 @@
 
 A sandbox runs one untrusted program (argv + files + stdin) in a fresh throwaway directory with
 no network, a read-only system (only ``/usr`` and its siblings are visible; ``/etc``, ``/home``,
-``/root`` and the caller's directories are not), and CPU / memory / process / file-size / wall
-limits. The two outcomes are kept apart on purpose:
+``/root`` and the caller's directories are not), none of the caller's environment, a seccomp
+filter that keeps it from nested user namespaces and the kernel interfaces kept for root
+(``seccomp.py``), and CPU / memory / process / file-size / wall limits: rlimits on each process
+and, where the host lets us make cgroups, a cgroup per run (``cgroups.py``). ``enforcement()``
+reports which of these are in force here. The two outcomes are kept apart on purpose:
 
 - the *program* failed (non-zero exit, killed by a limit, timed out): a ``RunResult``, which a
   reward turns into a failed test;
@@ -27,16 +30,19 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from astraflow.errors import AstraFlowError
+from astraflow.sandbox import cgroups, seccomp
+from astraflow.sandbox.cgroups import CgroupSetup
+from astraflow.sandbox.enforcement import Enforcement, observe
+from astraflow.sandbox.errors import SandboxError
+from astraflow.sandbox.host import Gate, read_capped, start, throwaway_dir
+from astraflow.sandbox.limits import SandboxLimits
 
-SANDBOX_UID = 65534  # nobody: a root caller drops to it, so the kernel enforces RLIMIT_NPROC
 WORKDIR = "/work"
 PROGRAM_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -45,43 +51,9 @@ PROGRAM_ENV = {
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")  # no /etc, /home, /root, /tmp
 LAUNCHER = Path(__file__).with_name("launcher.py")
 TESTS_DRIVER = Path(__file__).with_name("tests_driver.py")
 REPORT_BYTES_PER_TEST = 512  # the JSON around one test's base64 outputs in the driver's report
-
-
-class SandboxError(AstraFlowError):
-    """The sandbox itself failed: the program did not run, so there is no result to score."""
-
-
-class SandboxUnavailableError(SandboxError):
-    """No sandbox backend works on this machine; the message says what to install or enable."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-run limits; every one of them is enforced by the kernel, not by the program."""
-
-    wall_seconds: float = 5.0  # the whole sandbox (every process in it) is killed after this
-    cpu_seconds: int = 2  # RLIMIT_CPU of each process (SIGXCPU, then SIGKILL one second later)
-    memory_mb: int = 256  # RLIMIT_AS of each process
-    max_processes: int = 16  # RLIMIT_NPROC inside the sandbox's user namespace
-    max_file_mb: int = 8  # RLIMIT_FSIZE, and the size of the /work and /tmp tmpfs
-    max_open_files: int = 64  # RLIMIT_NOFILE
-    max_output_bytes: int = 64 * 1024  # stdout / stderr kept (the rest is cut, and reported)
-
-    def rlimits(self) -> dict[str, tuple[int, int]]:
-        """The ``resource`` limits the launcher sets on the program, by name."""
-        mib = 1024 * 1024
-        return {
-            "RLIMIT_CPU": (self.cpu_seconds, self.cpu_seconds + 1),
-            "RLIMIT_AS": (self.memory_mb * mib, self.memory_mb * mib),
-            "RLIMIT_NPROC": (self.max_processes, self.max_processes),
-            "RLIMIT_FSIZE": (self.max_file_mb * mib, self.max_file_mb * mib),
-            "RLIMIT_NOFILE": (self.max_open_files, self.max_open_files),
-            "RLIMIT_CORE": (0, 0),
-        }
 
 
 @dataclass
@@ -124,6 +96,19 @@ class Sandbox(ABC):
     def __init__(self, limits: SandboxLimits, python: str = "/usr/bin/python3") -> None:
         self.limits = limits
         self.python = python
+        self.seccomp: bytes | None = seccomp.deny_filter(os.uname().machine)
+        self.cgroups: CgroupSetup | None = cgroups.host_cgroups()
+        self._enforcement: Enforcement | None = None
+
+    def userns_guards(self) -> tuple[str, ...]:
+        """The mechanisms this backend sets up against nested user namespaces."""
+        return ("seccomp",) if self.seccomp else ()
+
+    def enforcement(self) -> Enforcement:
+        """What is enforced on this machine, observed once by a program in the sandbox (``enforcement.py``)."""
+        if self._enforcement is None:
+            self._enforcement = observe(self)
+        return self._enforcement
 
     @abstractmethod
     def command(self, directory: Path, inputs: dict[str, Path], spec: dict) -> list[str]:
@@ -151,8 +136,8 @@ class Sandbox(ABC):
         report_bytes = 2 * 4 * -(-cap // 3) + REPORT_BYTES_PER_TEST  # two base64 outputs
         per_run = max(1, self.limits.max_file_mb * 1024 * 1024 // report_bytes)
         results: list[RunResult] = []
-        for start in range(0, len(stdins), per_run):
-            batch = stdins[start : start + per_run]
+        for first in range(0, len(stdins), per_run):
+            batch = stdins[first : first + per_run]
             limits = replace(
                 self.limits,
                 wall_seconds=(len(batch) + 1) * self.limits.wall_seconds,
@@ -188,17 +173,24 @@ class Sandbox(ABC):
     ) -> RunResult:
         """Run ``argv`` under ``limits``; ``SandboxError`` unless the status file holds the lines of ``expect``.
 
-        Steps: write the inputs to a throwaway host directory; start the backend's command in its
-        own session with stdout / stderr going to files (the program's RLIMIT_FSIZE bounds them);
-        wait up to ``wall_seconds``, then kill the session, which takes the sandbox's pid
-        namespace and every process in it down; read the status lines, the outputs, and remove
-        the directory. ``driver-ready`` in ``expect`` hands the status fd on to the tests driver.
+        Steps: write the inputs to a throwaway host directory; make the run's cgroup (where the
+        host has them); start the backend's command in its own session (and in that cgroup) with
+        stdout / stderr going to files (the program's RLIMIT_FSIZE bounds them); wait up to
+        ``wall_seconds``, then kill the session, which takes the sandbox's pid namespace and every
+        process in it down; read the status lines, the outputs, and remove the cgroup and the
+        directory. ``driver-ready`` in ``expect`` hands the status fd on to the tests driver.
         """
         directory = throwaway_dir()
+        cgroup, gate = None, None
         try:
+            if self.cgroups is not None:
+                try:
+                    cgroup = self.cgroups.create(limits)
+                except OSError as exc:
+                    raise SandboxError(f"{self.name}: cannot make the run's cgroup: {exc}") from exc
+                gate = Gate()
             inputs, stdin_path = write_inputs(directory, files, stdin)
             with (
-                open(stdin_path, "rb") as fin,
                 open(directory / "stdout", "wb+") as fout,
                 open(directory / "stderr", "wb+") as ferr,
                 open(directory / "status", "wb+") as fstatus,
@@ -210,22 +202,24 @@ class Sandbox(ABC):
                     "argv": argv,
                     "env": PROGRAM_ENV,
                     "cwd": WORKDIR,
+                    "seccomp": self.seccomp.hex() if self.seccomp else None,
+                    "gate_fd": gate.read_fd if gate else None,
                 }
                 command = self.command(directory, inputs, spec)
                 started = time.perf_counter()
                 try:
-                    process = subprocess.Popen(
-                        command,
-                        stdin=fin,
-                        stdout=fout,
-                        stderr=ferr,
-                        pass_fds=(fstatus.fileno(),),
-                        start_new_session=True,
-                        env={"PATH": "/usr/bin:/bin"},
-                        **drop_privileges(),
+                    process = start(
+                        command, stdin_path, fout, ferr, (fstatus.fileno(),) + ((gate.read_fd,) if gate else ())
                     )
                 except OSError as exc:
                     raise SandboxError(f"{self.name}: cannot start {command[0]}: {exc}") from exc
+                if gate is not None and cgroup is not None:
+                    try:
+                        gate.open_for(process, cgroup, limits.wall_seconds)
+                    except OSError as exc:
+                        os.killpg(process.pid, signal.SIGKILL)
+                        process.wait()
+                        raise SandboxError(f"{self.name}: cannot put the run in its cgroup: {exc}") from exc
                 timed_out = False
                 try:
                     code = process.wait(timeout=limits.wall_seconds)
@@ -235,9 +229,13 @@ class Sandbox(ABC):
                     code = process.wait()
                 wall_ms = (time.perf_counter() - started) * 1000
                 status = (directory / "status").read_text(errors="replace").splitlines()
-                stdout, cut_out = _read(fout, limits.max_output_bytes)
-                stderr, cut_err = _read(ferr, limits.max_output_bytes)
+                stdout, cut_out = read_capped(fout, limits.max_output_bytes)
+                stderr, cut_err = read_capped(ferr, limits.max_output_bytes)
         finally:
+            if gate is not None:
+                gate.close()
+            if cgroup is not None:
+                cgroup.remove()
             shutil.rmtree(directory, ignore_errors=True)
         failed = [line for line in status if line not in expect]
         missing = [line for line in expect if line not in status]
@@ -282,30 +280,6 @@ def _decode(data: str, cap: int) -> str:
     return base64.b64decode(data, validate=True)[:cap].decode(errors="replace")
 
 
-def _read(handle, limit: int) -> tuple[str, bool]:
-    handle.seek(0)
-    data = handle.read(limit + 1)
-    return data[:limit].decode(errors="replace"), len(data) > limit
-
-
-def system_mounts() -> tuple[list[str], dict[str, str]]:
-    """The read-only system the program sees: directories to bind, and the symlinks among them."""
-    binds, links = [], {}
-    for path in SYSTEM_PATHS:
-        if os.path.islink(path):
-            links[path] = os.readlink(path)
-        elif os.path.isdir(path):
-            binds.append(path)
-    return binds, links
-
-
-def throwaway_dir() -> Path:
-    """A fresh host directory the sandbox user can read (for the program's input files)."""
-    path = Path(tempfile.mkdtemp(prefix="astraflow-sandbox-"))
-    path.chmod(0o755)
-    return path
-
-
 def write_inputs(directory: Path, files: Mapping[str, str | bytes], stdin: str | bytes) -> tuple[dict[str, Path], Path]:
     """Write the program's files and stdin under ``directory``; names must be plain file names."""
     paths = {}
@@ -320,14 +294,3 @@ def write_inputs(directory: Path, files: Mapping[str, str | bytes], stdin: str |
     stdin_path = directory / "stdin"
     stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
     return paths, stdin_path
-
-
-def drop_privileges() -> dict[str, object]:
-    """``subprocess.Popen`` keyword arguments that run a root caller's sandbox as ``nobody``.
-
-    As root, the sandboxed processes would map to the host's uid 0, for which the kernel skips
-    RLIMIT_NPROC (a fork bomb would not be contained) and owner checks pass on root's files.
-    """
-    if os.geteuid() != 0:
-        return {}
-    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}

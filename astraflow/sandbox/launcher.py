@@ -7,10 +7,17 @@ imports nothing but the standard library and nothing from AstraFlow. Steps:
    read-only binds of the system directories, a tmpfs ``/work`` holding copies of the input files,
    a tmpfs ``/tmp``, ``/proc`` of the new pid namespace and a few ``/dev`` nodes; ``pivot_root``
    into it and detach the host's root, drop every capability (bounding set included) and set
-   ``no_new_privs``; then fork, staying as the namespace's init that reaps and reports the
-   program's status (128 + N for signal N, as bubblewrap does).
-2. Set the rlimits of the spec on this process (they are inherited by everything it starts).
-3. Write ``ready`` to the status fd, mark it close-on-exec, and ``exec`` the program. An ``exec``
+   ``no_new_privs``.
+2. Install the seccomp filter of the spec (``seccomp.py`` builds it; hex of its ``sock_filter``
+   records), with ``no_new_privs`` (bubblewrap sets it too): every process the program starts
+   inherits it, and nothing can remove it. Here, not through ``bwrap --seccomp``, so both
+   backends install it the same way, after the setup that needs ``mount`` and ``pivot_root``.
+3. With ``gate_fd`` (the host makes a cgroup per run), wait until the host has put this process
+   in the run's cgroup and says so on that pipe (``host.Gate`` says why here). Then fork, staying
+   as the pid namespace's init (pid 1 of both backends: bubblewrap runs with ``--as-pid-1``) that
+   reaps orphans and exits with the program's status (128 + N for signal N, as bubblewrap does).
+4. Set the rlimits of the spec on this process (they are inherited by everything it starts).
+5. Write ``ready`` to the status fd, mark it close-on-exec, and ``exec`` the program. An ``exec``
    that fails writes ``exec-failed: <reason>`` and exits 127: a sandbox error, not a result.
    With ``pass_status`` the program is the trusted tests driver instead: the fd stays open and
    its number is the driver's last argument (it writes its own line and closes the fd before it
@@ -34,7 +41,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
     1 << 18,
 )
 MNT_DETACH = 2
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 24, 38, 22, 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -104,6 +111,26 @@ def drop_capabilities():
     check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program):
+    """Step 2: the filter (``struct sock_filter`` records, 8 bytes each) on this process and its children."""
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    check(LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
+def wait_for_cgroup(gate):
+    """Step 3: block until the host writes to the gate; a gate closed unwritten is a failed setup."""
+    placed = os.read(gate, 1)
+    os.close(gate)
+    if placed != b"1":
+        raise OSError(0, "the host did not put the sandbox in its cgroup")
+
+
 def init_and_wait(status):
     """Fork; the parent stays as the pid namespace's init and exits with the program's status."""
     child = os.fork()
@@ -123,7 +150,11 @@ def main():
         if spec.get("root"):
             build_root(spec["root"], spec)
             drop_capabilities()
-            init_and_wait(status)
+        if spec.get("seccomp"):
+            install_seccomp(bytes.fromhex(spec["seccomp"]))
+        if spec.get("gate_fd") is not None:
+            wait_for_cgroup(spec["gate_fd"])
+        init_and_wait(status)
         for name, (soft, hard) in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
     except OSError as exc:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from astraflow.sandbox.base import WORKDIR, Sandbox, system_mounts
+from astraflow.sandbox.base import WORKDIR, Sandbox
+from astraflow.sandbox.host import system_mounts
 
 
 class UnshareSandbox(Sandbox):

@@ -1,12 +1,14 @@
 """The sandbox contains escape attempts and tells program failures from sandbox failures.
 
 Every test runs on each backend (bubblewrap, unshare); a backend that does not work here is
-skipped with the probe's reason, except under ``CI=true``, where it fails: ``make test`` installs
-bubblewrap, so a CI machine has both. Escape attempts: network (a TCP server of
-the test on the host's loopback, and an outside address), writing outside the throwaway dir,
-reading host files (/etc/shadow, a secret in the test's tmp dir), a fork bomb, an infinite loop,
-a memory hog, an output flood; each is contained, reported in the result, and leaves nothing
-behind on the host.
+skipped with the probe's reason, except under ``CI=true``, where it fails (``sandboxes.working``).
+Escape attempts: network (a TCP server of the test on the host's loopback, and an outside
+address), writing outside the throwaway dir, reading host files (/etc/shadow, /root, /home, the
+repository, a secret in the test's tmp dir), a fork bomb, an infinite loop, a memory hog, an
+output flood; each is contained, reported in the result, and leaves nothing behind on the host.
+``test_sandbox_hardening.py`` has the rest: the host's environment, nested user namespaces,
+ptrace and the other kernel interfaces of the seccomp filter, memory over several processes,
+and the report of what is enforced.
 
 A program's tests run batched in one sandbox (``run_python_tests``) give what one run each gives;
 a program that misbehaves on one input fails that test alone, and one that attacks the tests
@@ -15,7 +17,6 @@ driver (kills it, tries its fds, memory or ptrace) fails its own tests and forge
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import uuid
@@ -35,22 +36,14 @@ from astraflow.sandbox import (
     open_sandbox,
     probe,
 )
+from tests.unit.sandboxes import LIMITS, processes_with, working
 
-LIMITS = SandboxLimits(
-    wall_seconds=2.0, cpu_seconds=1, memory_mb=128, max_processes=8, max_file_mb=1, max_output_bytes=4096
-)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", params=sorted(BACKENDS))
 def sandbox(request: pytest.FixtureRequest) -> Sandbox:
-    box = BACKENDS[request.param](LIMITS)
-    problem = probe(box)
-    if problem is not None:
-        message = f"{request.param} does not work here: {problem}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return box
+    return working(request.param)
 
 
 def test_runs_a_program_with_stdin_in_its_own_directory(sandbox: Sandbox) -> None:
@@ -101,12 +94,12 @@ def test_writing_outside_the_throwaway_dir_fails(sandbox: Sandbox, tmp_path: Pat
     assert not host_file.exists() and not Path(target).exists()
 
 
-@pytest.mark.parametrize("which", ["/etc/shadow", "/etc/passwd", "/root", "SECRET"])
+@pytest.mark.parametrize("which", ["/etc/shadow", "/etc/passwd", "/root", "/home", "REPO", "SECRET"])
 def test_host_files_are_not_visible(sandbox: Sandbox, tmp_path: Path, which: str) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("the-secret")
     secret.chmod(0o644)
-    path = str(secret) if which == "SECRET" else which
+    path = {"SECRET": str(secret), "REPO": str(REPO / "pyproject.toml")}.get(which, which)
     result = sandbox.run_python(
         f"import os\nprint(os.listdir({path!r}) if os.path.isdir({path!r}) else open({path!r}).read())"
     )
@@ -131,17 +124,6 @@ def test_processes_are_capped(sandbox: Sandbox) -> None:
     assert result.stdout.strip() and int(result.stdout) < LIMITS.max_processes
 
 
-def _processes_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 @pytest.mark.parametrize(
     ("name", "program", "timed_out"),
     [
@@ -162,9 +144,9 @@ def test_runaway_processes_are_killed_with_the_sandbox(
     assert result.timed_out == timed_out and ("timed out" in result.describe()) == timed_out
     assert result.wall_ms < LIMITS.wall_seconds * 1000 + 2000
     deadline = time.monotonic() + 5.0  # the pid namespace is torn down asynchronously
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(marker) == [], f"{name}: processes outlived the sandbox"
+    assert processes_with(marker) == [], f"{name}: processes outlived the sandbox"
 
 
 def test_an_infinite_loop_hits_the_cpu_limit(sandbox: Sandbox) -> None:
