@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -89,6 +90,8 @@ def sandbox():
         box = cls(SandboxLimits(wall_seconds=2.0))
         if probe(box) is None:
             return box
+    if os.environ.get("CI", "").lower() == "true":  # make test installs bubblewrap: a CI machine has one
+        pytest.fail("no sandbox backend works here")
     pytest.skip("no sandbox backend works here")
 
 
