@@ -222,11 +222,22 @@ def _kind(child: str) -> str:
 def schedule(
     kills_per_kind: int, broker_restarts: int, seed: int, kinds: tuple[str, ...] = KINDS, broker_kills: int = 0
 ) -> list[str]:
-    """A shuffled list of ``kills_per_kind`` kills of each kind, with the broker faults spread evenly
-    between them (never first or last): the restarts first, then the kills for good."""
+    """``kills_per_kind`` rounds of kills, each killing every kind once in a shuffled order, with the
+    broker faults spread evenly between them (never first or last): the restarts first, then the
+    kills for good.
+
+    Rounds, not one shuffle of all kills: a shuffle can kill one component three or four times in a
+    row, which the launcher rightly takes for a crash loop (``MAX_RESTARTS`` exits within
+    ``RESTART_WINDOW_S``) and stops the run; in rounds every other kind is killed in between, and a
+    round never starts with the kind the last one ended with."""
     rng = random.Random(seed)
-    kills = [kind for kind in kinds for _ in range(kills_per_kind)]
-    rng.shuffle(kills)
+    kills: list[str] = []
+    for _ in range(kills_per_kind):
+        order = list(kinds)
+        rng.shuffle(order)
+        if kills and len(order) > 1 and order[0] == kills[-1]:
+            order[0], order[-1] = order[-1], order[0]
+        kills += order
     faults = ["broker"] * broker_restarts + ["broker-kill"] * broker_kills
     for index in range(len(faults), 0, -1):
         kills.insert(index * len(kills) // (len(faults) + 1), faults[index - 1])

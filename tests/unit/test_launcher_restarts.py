@@ -69,3 +69,9 @@ def test_fault_schedules_kill_each_kind_and_spread_broker_restarts(kills: int, r
     assert all(plan.count(kind) == kills for kind in ("train", "stream", "rollout", "feed", "evaluate"))
     assert plan[0] != "broker" and plan[-1] != "broker"
     assert plan == schedule(kills, restarts, seed=7)
+    # in rounds: every kind once before any twice, and never one kind twice in a row, so no child is
+    # killed MAX_RESTARTS + 1 times in a row, which the launcher would take for a crash loop
+    only_kills = [kind for kind in plan if kind != "broker"]
+    rounds = [only_kills[i : i + 5] for i in range(0, len(only_kills), 5)]
+    assert all(sorted(one) == sorted(("train", "stream", "rollout", "feed", "evaluate")) for one in rounds)
+    assert all(a != b for a, b in zip(only_kills, only_kills[1:]))
