@@ -13,7 +13,10 @@ What each number is made of:
 - **drop reasons**: the stream processors' cumulative ``stream.dropped.<reason>`` counters (the
   newest value per processor instance, summed), plus dead letters by ``reason_kind``;
 - **producers**: throughput and version lag per rollout producer, with its region and hardware,
-  from the producers' metrics (``producer_stats.py``).
+  from the producers' metrics (``producer_stats.py``);
+- **version chain**: per policy, p50/p99/mean of each hop a weight version goes through, from its
+  publication to the publication of the version trained from it (``hops.py``), over the same read
+  of the trajectories as the rewards.
 
 All reads are snapshots by assignment (see ``astraflow/attach.py``), so the run is not disturbed.
 """
@@ -24,6 +27,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
+from astraflow.analysis.hops import GroupClock, VersionChain, version_chains
 from astraflow.analysis.producer_stats import ProducerRow, producer_rows
 from astraflow.attach import AttachedRun, decode_snapshot, offsets_at
 from astraflow.log import Log
@@ -79,6 +83,8 @@ class RunStats:
     drops: dict[str, int] = field(default_factory=dict)
     dead_letters: dict[str, int] = field(default_factory=dict)
     producers: list[ProducerRow] = field(default_factory=list)
+    version_chain: list[VersionChain] = field(default_factory=list)
+    """Per policy, the latency of each hop of the version chain (``hops.py``)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -113,7 +119,9 @@ def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
     stats.staleness = dict(sorted(Counter(int(m.value) for m in metrics if m.name == STREAM_STALENESS).items()))
     stats.drops = _drops(metrics)
     stats.producers = producer_rows(metrics, window_s)
-    stats.rewards = _rewards(run)
+    first_trajectories: dict[str, GroupClock] = defaultdict(GroupClock)
+    stats.rewards = _rewards(run, first_trajectories)
+    stats.version_chain = version_chains(run, metrics, first_trajectories)
     if f"{run.name}.deadletter" in starts:
         letters = Counter(
             reason_kind(record.reason)
@@ -161,11 +169,14 @@ def _drops(metrics: list[Metric]) -> dict[str, int]:
     return dict(totals.most_common())
 
 
-def _rewards(run: AttachedRun) -> list[RewardCell]:
+def _rewards(run: AttachedRun, first: dict[str, GroupClock]) -> list[RewardCell]:
+    """Reward by policy and version; notes in ``first`` each policy's first trajectory per group."""
     sums: dict[tuple[str, int], list[float]] = defaultdict(list)
     for topic in run.topics_of("trajectories"):
-        for _, record in decode_snapshot(run.log, topic):
+        clock = first[topic.removeprefix(f"{run.name}.trajectories.")]
+        for message, record in decode_snapshot(run.log, topic):
             if isinstance(record, Trajectory):
+                clock.note(message)
                 sums[(record.policy, record.min_version)].append(record.reward)
     return [
         RewardCell(policy, version, len(values), sum(values) / len(values), sum(v > 0 for v in values) / len(values))
