@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from astraflow.analysis.hops import VersionChain
 from astraflow.analysis.stats import RunStats
 
 BAR_WIDTH = 40
@@ -71,4 +72,29 @@ def render_stats(stats: RunStats) -> Group:
             f"{p.version_lag:.0f}",
             f"{p.mean_version_lag:.2f}",
         )
-    return Group(throughput, lag, staleness, rewards, drops, producers)
+    return Group(throughput, lag, staleness, rewards, drops, producers, *map(render_chain, stats.version_chain))
+
+
+def render_chain(chain: VersionChain) -> Table:
+    """One policy's version chain: a row per hop, its p50, p99 and mean over the versions counted."""
+    skipped = ", ".join(f"{count} {reason}" for reason, count in chain.skipped.items())
+    adds_up = (
+        "published -> released ... in samples -> trained add up to the period (their means exactly)"
+        if chain.lockstep
+        else "mode async: several versions in flight, so the hops overlap (some may be negative) and are no"
+        " critical path of a version"
+    )
+    table = Table(
+        title=f"version chain (ms) of {chain.policy}: {chain.versions} versions",
+        title_justify="left",
+        caption=(f"skipped {skipped}. " if skipped else "") + adds_up,
+        caption_justify="left",
+    )
+    for name in ("hop", "p50", "p99", "mean", "versions"):
+        table.add_column(name, justify="left" if name == "hop" else "right")
+    depth: dict[str | None, int] = {}
+    for row in chain.hops:
+        depth[row.hop] = depth.get(row.part_of, -1) + 1
+        figures = (f"{row.p50_ms:.0f}", f"{row.p99_ms:.0f}", f"{row.mean_ms:.0f}") if row.versions else ("-",) * 3
+        table.add_row("  " * depth[row.hop] + row.hop, *figures, str(row.versions))
+    return table

@@ -18,13 +18,16 @@ period 1500.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from astraflow.analysis.hops import HopRow, percentile
 from astraflow.analysis.stats import collect_stats
 from astraflow.attach import open_run
+from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
 from astraflow.log import open_log
 from astraflow.schemas.codec import Codec
@@ -118,6 +121,29 @@ def test_one_producer_gets_no_last_producer_row_and_a_run_without_ledger_no_chai
         assert hops["optimizer step"].versions == 0 and hops["published -> released"].versions == 2
         run.log.delete_topic(f"{RUN}.ledger.main")
         assert collect_stats(run).version_chain == []
+
+
+def test_stats_cli_shows_the_chain(tmp_path: Path) -> None:
+    write_chain(tmp_path / RUN, "lockstep")
+    runner = CliRunner()
+    shown = runner.invoke(app, ["stats", str(tmp_path / RUN)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    words = " ".join(shown.output.split())
+    assert "version chain (ms) of main: 2 versions" in words
+    assert "skipped 1 start, 1 no trajectory, 1 no next version." in words
+    line = next(line for line in shown.output.splitlines() if "in samples -> trained" in line)
+    assert [cell.strip() for cell in line.split("│")[2:6]] == ["700", "1200", "950", "2"]
+    assert "    optimizer step " in shown.output
+    dumped = runner.invoke(app, ["stats", str(tmp_path / RUN), "--json"])
+    (chain,) = json.loads(dumped.output)["version_chain"]
+    assert chain["hops"][-1] == {
+        "hop": "period (published -> next published)",
+        "versions": 2,
+        "p50_ms": 1000,
+        "p99_ms": 1500,
+        "mean_ms": 1250,
+        "part_of": None,
+    }
 
 
 def test_percentile_is_nearest_rank() -> None:
