@@ -44,6 +44,27 @@ def open_run_log(config: RunConfig, run_dir: Path) -> Log:
     return open_log(config.log.backend, path=RunDir(run_dir).log, bootstrap=config.log.bootstrap)
 
 
+def dead_letter_record(
+    origin: str, message: Message | None, reason: str, error: BaseException | None = None
+) -> DeadLetter:
+    """The dead-letter record for ``message`` (raw bytes, where it was read, ``reason`` cut to
+    ``REASON_CHARS``), logged as a warning."""
+    if len(reason) > REASON_CHARS:
+        reason = reason[: REASON_CHARS - 20] + f" ... ({len(reason):,} chars)"
+    logger.warning("dead-lettering a record from %s: %s", message.topic if message else "-", reason)
+    return DeadLetter(
+        origin=origin,
+        reason=reason,
+        error_type=type(error).__name__ if error else "",
+        topic=message.topic if message else "",
+        partition=message.partition if message else -1,
+        offset=message.offset if message else -1,
+        key=message.key if message else None,
+        payload=message.value if message else b"",
+        created_ms=now_ms(),
+    )
+
+
 class ComponentContext:
     """Log, codec, producer and topic names of one component process of one run."""
 
@@ -87,20 +108,7 @@ class ComponentContext:
         """The dead-letter record for ``message``, counted and logged, for a caller that sends it
         itself (the faust stream runtime writes it in the transaction of the record it rejects)."""
         self.dead_letters += 1
-        if len(reason) > REASON_CHARS:
-            reason = reason[: REASON_CHARS - 20] + f" ... ({len(reason):,} chars)"
-        logger.warning("dead-lettering a record from %s: %s", message.topic if message else "-", reason)
-        return DeadLetter(
-            origin=self.instance,
-            reason=reason,
-            error_type=type(error).__name__ if error else "",
-            topic=message.topic if message else "",
-            partition=message.partition if message else -1,
-            offset=message.offset if message else -1,
-            key=message.key if message else None,
-            payload=message.value if message else b"",
-            created_ms=now_ms(),
-        )
+        return dead_letter_record(self.instance, message, reason, error)
 
     def close(self) -> None:
         self.producer.close()

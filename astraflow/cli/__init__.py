@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import typer
 
-from astraflow.cli import components, views
+from astraflow.cli import components, keys, views
 from astraflow.cli.app import app
 
-__all__ = ["app", "components", "main", "views"]
+__all__ = ["app", "components", "keys", "main", "views"]
 
 
 def main() -> None:

@@ -41,6 +41,29 @@ class WeightsConfig(Section):
         "version per step for the whole run)."
     )
 
+    signing_key: str | None = None
+    (
+        "Path of the Ed25519 private key (PEM, mode 0600) the trainer signs every version's manifest with; made by "
+        "``astraflow keys generate``. Set with ``verify_key``; only the trainer reads it."
+    )
+    verify_key: str | None = Field(default=None, validate_default=True)
+    (
+        "Path of the matching public key (PEM): rollout producers, evaluators, stream processors and the task "
+        "feeder take in only versions signed by it, and refuse, count and dead-letter the rest."
+    )
+
+    @field_validator("verify_key")
+    @classmethod
+    def _keys_come_in_pairs(cls, verify_key: str | None, info: ValidationInfo) -> str | None:
+        signing_key = info.data.get("signing_key")
+        if bool(signing_key) != bool(verify_key):
+            given, missing = ("signing_key", "verify_key") if signing_key else ("verify_key", "signing_key")
+            raise ValueError(
+                f"weights.{given} is set but weights.{missing} is not: a trainer that signs needs readers that "
+                "verify, and readers that verify need a trainer that signs (astraflow keys generate makes both)"
+            )
+        return verify_key
+
     @field_validator("store")
     @classmethod
     def _store_is_reachable(cls, store: str | None, info: ValidationInfo) -> str | None:

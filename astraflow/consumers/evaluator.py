@@ -26,7 +26,7 @@ from astraflow.rundir import RunDir
 from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
 from astraflow.tasks.catalog import is_multi_turn, open_environments
 from astraflow.tasks.datasets import load_policy_split
-from astraflow.weights.follow import WeightFollower
+from astraflow.weights.follow import follow_weights
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Evaluator:
 
     def run(self, stop: threading.Event) -> None:
         self.evaluate(0, self.model.state_dict())
-        follower = WeightFollower(self.ctx.log, self.ctx.topics.weights(self.policy), payload=True).start()
+        follower = follow_weights(self.ctx, self.policy, payload=True)
         try:
             while not stop.is_set():
                 pending = follower.take()

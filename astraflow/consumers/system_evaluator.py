@@ -20,7 +20,7 @@ from astraflow.errors import ConfigError
 from astraflow.metric_names import eval_system
 from astraflow.models.base import base_checkpoint_path
 from astraflow.tasks.datasets import load_task_split
-from astraflow.weights.follow import WeightFollower
+from astraflow.weights.follow import follow_weights
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,7 @@ class SystemEvaluator:
 
     def run(self, stop: threading.Event) -> None:
         self.evaluate()
-        followers = {
-            policy: WeightFollower(self.ctx.log, self.ctx.topics.weights(policy), payload=True).start()
-            for policy in self.models
-        }
+        followers = {policy: follow_weights(self.ctx, policy, payload=True) for policy in self.models}
         try:
             while not stop.is_set():
                 moved = False

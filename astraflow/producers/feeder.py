@@ -70,7 +70,7 @@ from astraflow.producers.outbox import Outbox
 from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.base import Problem
-from astraflow.weights.follow import WeightFollower
+from astraflow.weights.follow import follow_weights
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class TaskFeeder:
             feedback.catch_up()
             followers = {}
             for policy in self.budgets:
-                followers[policy] = WeightFollower(ctx.log, ctx.topics.weights(policy), payload=False).start()
+                followers[policy] = follow_weights(ctx, policy, payload=False)
                 stack.callback(followers[policy].close)
             while not stop.is_set():
                 versions = {policy: follower.latest_version for policy, follower in followers.items()}

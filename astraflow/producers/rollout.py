@@ -68,7 +68,7 @@ from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.tasks.datasets import load_task_split
-from astraflow.weights.follow import WeightFollower
+from astraflow.weights.follow import WeightFollower, follow_weights
 
 logger = logging.getLogger(__name__)
 MAX_GROUP_SIZE = 1024
@@ -113,9 +113,7 @@ class RolloutProducer:
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
         cfg = ctx.config
-        followers = {
-            policy: WeightFollower(ctx.log, ctx.topics.weights(policy), payload=True).start() for policy in self.engines
-        }
+        followers = {policy: follow_weights(ctx, policy, payload=True) for policy in self.engines}
         if not self._catch_up(followers, stop):
             for follower in followers.values():
                 follower.close()

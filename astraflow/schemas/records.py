@@ -132,6 +132,8 @@ class WeightChunk:
     created_ms: int = 0
     base_sha256: str = ""
     chunk_offset: int = -1
+    signature: bytes = b""
+    signer: str = ""
 
 
 @dataclass

@@ -75,7 +75,7 @@ from astraflow.streams.faust_table import PendingTable
 from astraflow.streams.operators import GroupBuffer
 from astraflow.streams.pending import read_range, read_records, start_offset
 from astraflow.streams.processing import GroupProcessor
-from astraflow.weights.follow import WeightFollower
+from astraflow.weights.follow import WeightFollower, follow_weights
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +125,7 @@ class FaustStreamProcessor(GroupProcessor):
                 logging.getLogger(name).setLevel(logging.WARNING)
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        follower = self.follower = WeightFollower(
-            self.ctx.log, self.ctx.topics.weights(self.policy), payload=False
-        ).start()
+        follower = self.follower = follow_weights(self.ctx, self.policy, payload=False)
         try:
             loop.run_until_complete(self._serve(stop, follower))
         finally:

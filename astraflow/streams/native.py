@@ -63,7 +63,7 @@ from astraflow.streams.operators import Group, GroupBuffer, StatefulOperator
 from astraflow.streams.pending import read_records, read_trajectories, restore, snapshot, snapshot_offsets
 from astraflow.streams.pipeline import build_pipeline
 from astraflow.streams.processing import GroupProcessor
-from astraflow.weights.follow import WeightFollower
+from astraflow.weights.follow import follow_weights
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class NativeStreamProcessor(GroupProcessor):
         consumer = ctx.log.consumer(group_id=f"{ctx.config.run}.stream.{self.policy}")
         try:
             consumer.subscribe([self.source])
-            self.follower = WeightFollower(ctx.log, ctx.topics.weights(self.policy), payload=False).start()
+            self.follower = follow_weights(ctx, self.policy, payload=False)
             while not stop.is_set():
                 offline_sources = [
                     OfflineSource(

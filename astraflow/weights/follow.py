@@ -35,6 +35,11 @@ raises ``WeightFollowerError`` naming the topic and the cause. The owner's loop,
 them at every step, so fails with its component process, and the launcher restarts it with a new
 follower, instead of the owner going on with weights, or a version, frozen for ever.
 
+Signed versions: given a ``verifier`` (``weights.verify_key``; ``signing.py``), a manifest not signed
+by its key is refused before anything else: counted (``refused_versions``), logged and, given
+``dead_letters``, written to that topic with the reason. A refused version is never announced (not
+in ``newest_version``), and a follower never starts at a refused full version.
+
 Old records: the codec finds writer schemas through the log's schema topic, so the records an older
 AstraFlow wrote (without ``chunk_offset``, say) are still read.
 """
@@ -47,12 +52,14 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
+from astraflow.context import ComponentContext, dead_letter_record
 from astraflow.errors import WeightFollowerError, WeightsError
-from astraflow.log import Log, TopicPartition
+from astraflow.log import Log, Message, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.schemas.store import LogSchemaStore
 from astraflow.topics import WEIGHTS_MANIFEST_PARTITION
+from astraflow.weights.signing import ManifestVerifier
 from astraflow.weights.start import decode_or_skip, seek_start
 from astraflow.weights.store import read_stored
 
@@ -107,7 +114,16 @@ def _check_sha256(manifest: WeightChunk, payload: bytearray) -> None:
 class WeightFollower:
     """Tracks the newest version on a weights topic; with ``payload`` also its state dict."""
 
-    def __init__(self, log: Log, topic: str, payload: bool, poll_timeout: float = 0.2) -> None:
+    def __init__(
+        self,
+        log: Log,
+        topic: str,
+        payload: bool,
+        poll_timeout: float = 0.2,
+        verifier: ManifestVerifier | None = None,
+        dead_letters: str | None = None,
+        origin: str = "weights-follower",
+    ) -> None:
         self.topic = topic
         self.payload = payload
         self._latest_version = -1
@@ -117,6 +133,13 @@ class WeightFollower:
         """Publish time of the version ``take`` returned last (for publish → applied latency)."""
         self.skipped_deltas = 0
         self.corrupt_versions = 0
+        self.refused_versions = 0
+        """Manifests refused by ``verifier``: unsigned, signed by another key, or changed after signing."""
+        self._verifier = verifier
+        self._dead_letters = dead_letters
+        self._origin = origin
+        self._log = log
+        self._dead_letter_producer = None
         self._schemas = LogSchemaStore(log)
         self._codec = Codec(self._schemas)
         self._consumer = log.consumer(group_id=None)
@@ -194,6 +217,8 @@ class WeightFollower:
         self._stop.set()
         self._thread.join(timeout=10)
         self._consumer.close()
+        if self._dead_letter_producer is not None:
+            self._dead_letter_producer.close()
         self._schemas.close()
 
     def _raise_if_failed(self) -> None:
@@ -205,14 +230,22 @@ class WeightFollower:
 
     def _run(self) -> None:
         try:
+            verifier = self._verifier
             seek_start(
-                self._consumer, self.topic, self.payload, self._catch_up_to, self._codec, self._poll_timeout, self._stop
+                self._consumer,
+                self.topic,
+                self.payload,
+                self._catch_up_to,
+                self._codec,
+                self._poll_timeout,
+                self._stop,
+                accept=lambda manifest: verifier is None or verifier.refusal(manifest) is None,
             )
             while not self._stop.is_set():
                 for message in self._consumer.poll(max_records=64, timeout=self._poll_timeout):
                     record = decode_or_skip(self._codec, message)
                     if record is not None:
-                        self._receive(record)
+                        self._receive(record, message)
                 if not self._caught_up and self._consumer.position(self._manifest_tp) >= self._catch_up_to:
                     if max(self._latest_version, self._newest_rejected) >= self._newest_version:
                         with self._lock:
@@ -224,7 +257,12 @@ class WeightFollower:
                 self._failure = exc
                 self._lock.notify_all()
 
-    def _receive(self, record: WeightChunk) -> None:
+    def _receive(self, record: WeightChunk, message: Message) -> None:
+        if record.kind == "manifest" and self._verifier is not None:
+            reason = self._verifier.refusal(record)
+            if reason is not None:
+                self._refuse(message, reason)
+                return
         if record.kind == "manifest":
             self._newest_version = max(self._newest_version, record.version)
         if not self.payload:
@@ -248,6 +286,18 @@ class WeightFollower:
             for stale in [k for k in parts if k[0] < record.version - STALE_VERSIONS]:
                 del parts[stale]
         self._take_in(manifest, pieces)
+
+    def _refuse(self, message: Message, reason: str) -> None:
+        """Count, log and dead-letter a manifest the verifier refused; its version is never announced."""
+        self.refused_versions += 1
+        logger.error("weights topic %s: refused a manifest at offset %d: %s", self.topic, message.offset, reason)
+        if self._dead_letters is None:
+            return
+        if self._dead_letter_producer is None:
+            self._dead_letter_producer = self._log.producer()
+        record = dead_letter_record(self._origin, message, reason, WeightsError(reason))
+        self._dead_letter_producer.send(self._dead_letters, self._codec.encode(record))
+        self._dead_letter_producer.flush()
 
     def _take_in(self, manifest: WeightChunk, pieces: dict[int, bytes]) -> None:
         """Verify and check one complete version and queue it for ``take``, or count and log why not."""
@@ -287,3 +337,19 @@ class WeightFollower:
             if accepted is not None:
                 self._accepted = [accepted] if accepted.full else [*self._accepted, accepted]
             self._lock.notify_all()
+
+
+def follow_weights(ctx: ComponentContext, policy: str, payload: bool) -> WeightFollower:
+    """A started follower of ``policy``'s weights for a component of the run: with
+    ``weights.verify_key`` it takes in only versions signed by that key and dead-letters the rest."""
+    key = ctx.config.weights.verify_key
+    verifier = ManifestVerifier(key) if key else None
+    follower = WeightFollower(
+        ctx.log,
+        ctx.topics.weights(policy),
+        payload,
+        verifier=verifier,
+        dead_letters=ctx.topics.deadletter(),
+        origin=ctx.instance,
+    )
+    return follower.start()

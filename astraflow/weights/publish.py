@@ -19,7 +19,8 @@ Steps of one publish (what makes a version atomic and exact for readers):
    (the trainer commits it with its ledger entry and offsets). A reader applies a version only
    after it holds the manifest and every chunk, the checksum matches and, for a delta, it holds
    exactly the base (version and sha256), so a crash mid-publish leaves no version and no wrong
-   weights.
+   weights. With ``weights.signing_key`` the manifest is signed (``signing.py``), and readers that
+   hold ``weights.verify_key`` take in only signed versions.
 5. With ``keep_versions`` (8 by default), versions no longer kept are deleted from the topic and
    the store (``retention.py``).
 """
@@ -33,12 +34,13 @@ from typing import Mapping
 
 from astraflow.config import WeightsConfig
 from astraflow.context import now_ms
-from astraflow.errors import WeightsError
+from astraflow.errors import ConfigError, WeightsError
 from astraflow.log import Log, Producer, TransactionalProducer
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
 from astraflow.weights.retention import KeptVersion, VersionRetention
+from astraflow.weights.signing import ManifestSigner, ManifestVerifier
 from astraflow.weights.store import ChunkStore, open_store
 
 
@@ -92,6 +94,7 @@ class WeightPublisher:
         self.last_stats: PublishStats | None = None
         self._log = log
         self._store = open_store(self.config.store) if self.config.transport == "store" else None
+        self._signer = signer_for(self.config)
         self._retention = None
         if self.config.keep_versions is not None:
             if log is None:
@@ -139,6 +142,7 @@ class WeightPublisher:
             self.config.chunk_bytes,
             self._store,
             transaction,
+            self._signer,
         )
         if self._previous is not None and self._previous.state is not transfer:
             self._spare = self._previous.state  # nobody reads the old base any more: the next copy goes there
@@ -173,6 +177,22 @@ class WeightPublisher:
         return previous
 
 
+def signer_for(config: WeightsConfig) -> ManifestSigner | None:
+    """The signer of ``weights.signing_key``, checked against ``weights.verify_key`` (a trainer whose
+    key the readers do not hold would publish versions every one of them refuses), or ``None``."""
+    if not config.signing_key:
+        return None
+    signer = ManifestSigner(config.signing_key)
+    expected = ManifestVerifier(config.verify_key).fingerprint
+    if signer.fingerprint != expected:
+        raise ConfigError(
+            f"weights.signing_key {config.signing_key} (key {signer.fingerprint}) is not the pair of "
+            f"weights.verify_key {config.verify_key} (key {expected}): "
+            "every reader would refuse this trainer's versions"
+        )
+    return signer
+
+
 def send_version(
     producer: Producer,
     codec: Codec,
@@ -182,11 +202,12 @@ def send_version(
     chunk_bytes: int,
     store: ChunkStore | None = None,
     transaction: TransactionalProducer | None = None,
+    signer: ManifestSigner | None = None,
 ) -> WeightChunk:
     """Steps 3-4 of a publish: checksum ``payload``, send its chunks (or put them in ``store``), then
     the manifest, each flushed; the manifest into ``transaction`` instead when one is given.
     ``outline`` gives the manifest's policy, version, base, encoding and tensors; sizes, checksum,
-    store URI and time are filled in. Returns the manifest as sent."""
+    store URI and time are filled in, and with ``signer`` the signature. Returns the manifest as sent."""
     digest = hashlib.sha256(payload).hexdigest()
     total = len(payload)
     view = memoryview(payload)
@@ -220,6 +241,8 @@ def send_version(
         store_uri=uri,
         created_ms=now_ms(),
     )
+    if signer is not None:
+        manifest = signer.sign(manifest)
     if transaction is not None:
         transaction.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
         return manifest

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from astraflow.errors import AstraFlowError
 from astraflow.log import Consumer, Message, TopicPartition
@@ -46,10 +47,18 @@ def decode_or_skip(codec: Codec, message: Message) -> WeightChunk | None:
 
 
 def seek_start(
-    consumer: Consumer, topic: str, payload: bool, end: int, codec: Codec, poll_timeout: float, stop: threading.Event
+    consumer: Consumer,
+    topic: str,
+    payload: bool,
+    end: int,
+    codec: Codec,
+    poll_timeout: float,
+    stop: threading.Event,
+    accept: Callable[[WeightChunk], bool] = lambda manifest: True,
 ) -> None:
     """Assign ``consumer`` the partitions a follower reads (chunks with ``payload``) and position them
-    as the module docstring says; returns early, positioned anyhow, once ``stop`` is set."""
+    as the module docstring says, starting at a full manifest that ``accept`` takes (a signed one,
+    where readers verify); returns early, positioned anyhow, once ``stop`` is set."""
     manifests = TopicPartition(topic, WEIGHTS_MANIFEST_PARTITION)
     chunks = TopicPartition(topic, WEIGHTS_CHUNK_PARTITION)
     consumer.assign([manifests])
@@ -58,7 +67,7 @@ def seek_start(
     if not payload:  # the last few offsets: on Kafka the last one is the commit marker of the last manifest
         consumer.seek(manifests, max(first, end - WINDOW))
         return
-    newest = _newest_full(consumer, manifests, first, end, codec, poll_timeout, stop)
+    newest = _newest_full(consumer, manifests, first, end, codec, poll_timeout, stop, accept)
     consumer.assign([manifests, chunks])
     if newest is None:
         consumer.seek_to_beginning([manifests, chunks])
@@ -80,8 +89,9 @@ def _newest_full(
     codec: Codec,
     poll_timeout: float,
     stop: threading.Event,
+    accept: Callable[[WeightChunk], bool],
 ) -> tuple[int, WeightChunk] | None:
-    """(offset, manifest) of the last full manifest in ``[first, end)``, or ``None``."""
+    """(offset, manifest) of the last full manifest in ``[first, end)`` that ``accept`` takes, or ``None``."""
     upper, window = end, WINDOW
     while upper > first and not stop.is_set():
         lower = max(first, upper - window)
@@ -93,7 +103,7 @@ def _newest_full(
                 break  # the partition ends below ``upper``: it was deleted and made again meanwhile
             for message in messages:
                 record = decode_or_skip(codec, message)
-                if message.offset < upper and record is not None and record.encoding == "full":
+                if message.offset < upper and record is not None and record.encoding == "full" and accept(record):
                     full = (message.offset, record)
         if full is not None:
             return full

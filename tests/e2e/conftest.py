@@ -54,12 +54,22 @@ def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """The directory of one finished ``astraflow run`` of the math example (80 versions, ~1.7
     minutes on 2 quiet cores), shared by the tests that check it learned, those that use its
     logged topics (replay) and the one that reads what it printed into a pipe (``run.stdout``).
+    Its weights are signed: the trainer signs with ``keys/weights-signing.pem`` (made by
+    ``astraflow keys generate``), every reader verifies with the public key.
     Bounded by versions, not minutes, so a loaded machine is only slower."""
     import shutil
 
     run_dir = tmp_path_factory.mktemp("math-run")
     shutil.copytree(warmed_run_dir / "base", run_dir / "base")
-    config = write_config(run_dir / "test.yaml", run="learn", stop={"max_versions": 80, "max_minutes": 12})
+    keys = subprocess.run(
+        [str(ASTRAFLOW), "keys", "generate", str(run_dir / "keys")], capture_output=True, text=True, timeout=120
+    )
+    assert keys.returncode == 0, keys.stderr[-2000:]
+    signing = {"signing_key": str(run_dir / "keys" / "weights-signing.pem")}
+    signing["verify_key"] = str(run_dir / "keys" / "weights-signing.pub.pem")
+    config = write_config(
+        run_dir / "test.yaml", run="learn", stop={"max_versions": 80, "max_minutes": 12}, weights=signing
+    )
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
         capture_output=True,

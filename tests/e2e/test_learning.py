@@ -14,7 +14,9 @@ import pytest
 
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
-from astraflow.schemas.records import Trajectory
+from astraflow.schemas.records import DeadLetter, Trajectory, WeightChunk
+from astraflow.topics import WEIGHTS_MANIFEST_PARTITION
+from astraflow.weights.signing import ManifestVerifier
 from tests.e2e.conftest import ASTRAFLOW, write_config
 
 # a cold warm-up (no cached base checkpoint) is part of the first test that needs it
@@ -46,6 +48,43 @@ def test_embedded_run_learns(math_run: Path) -> None:
     assert summary["final_accuracy"] >= summary["base_accuracy"] + 0.15, summary
     assert (run_dir / "report.png").stat().st_size > 10_000
     assert sum(row["name"] == "eval.accuracy" for row in rows) >= 3
+
+
+def read_all(log, topic: str, partition: int | None = None) -> list:
+    """Every record of ``topic`` (of one partition, given one) on the embedded log."""
+    partitions = [partition] if partition is not None else range(log.describe_topic(topic).partitions)
+    consumer = log.consumer(group_id=None)
+    consumer.assign([TopicPartition(topic, p) for p in partitions])
+    consumer.seek_to_beginning()
+    messages = []
+    while batch := consumer.poll(max_records=1000, timeout=0.0):
+        messages.extend(batch)
+    consumer.close()
+    return messages
+
+
+def test_the_run_signed_every_version_and_its_readers_took_them(math_run: Path) -> None:
+    """The math run's weights are signed (``weights.signing_key``) and verified by every reader
+    (``weights.verify_key``): each manifest on the topic verifies, no reader refused one, and the
+    rollout producers sampled with the signed versions."""
+    summary = json.loads((math_run / "summary.json").read_text())
+    verifier = ManifestVerifier(math_run / "keys" / "weights-signing.pub.pem")
+    codec = Codec()
+    with open_log("embedded", path=math_run / "log.sqlite") as log:
+        kept = [
+            codec.decode(m.value, expect=WeightChunk)
+            for m in read_all(log, "learn.weights.main", WEIGHTS_MANIFEST_PARTITION)
+        ]
+        letters = [codec.decode(m.value, expect=DeadLetter) for m in read_all(log, "learn.deadletter")]
+        newest = max(
+            int(codec.decode(m.value, expect=Trajectory).token_versions.max())
+            for m in read_all(log, "learn.trajectories.main")
+        )
+    assert kept and all(verifier.refusal(manifest) is None for manifest in kept)
+    assert {manifest.signer for manifest in kept} == {verifier.fingerprint}
+    refused = [letter.reason for letter in letters if letter.topic == "learn.weights.main"]
+    assert not refused, refused[:3]
+    assert newest >= summary["versions"] // 2, (newest, summary["versions"])
 
 
 def test_kafka_loop_advances_versions_and_producers_receive_them(

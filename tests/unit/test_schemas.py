@@ -98,6 +98,8 @@ SAMPLES: dict[str, Any] = {
         store_uri="file:///tmp/w",
         created_ms=6,
         chunk_offset=7,
+        signature=b"\x01" * 64,
+        signer="0123456789abcdef",
     ),
     "OffsetRange": OffsetRange(1, 40, 104),
     "LedgerEntry": LedgerEntry(
