@@ -41,7 +41,12 @@ def now_ms() -> int:
 def open_run_log(config: RunConfig, run_dir: Path) -> Log:
     """The run's log: ``run_dir/log.sqlite`` for the embedded backend, the cluster for Kafka."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    return open_log(config.log.backend, path=RunDir(run_dir).log, bootstrap=config.log.bootstrap)
+    return open_log(
+        config.log.backend,
+        path=RunDir(run_dir).log,
+        bootstrap=config.log.bootstrap,
+        client_config=config.log.client_config(),
+    )
 
 
 def dead_letter_record(

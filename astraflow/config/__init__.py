@@ -15,7 +15,7 @@ re-exports every public name, so ``from astraflow.config import X`` is the way t
 from __future__ import annotations
 
 from astraflow.config.evaluation import EvalConfig
-from astraflow.config.log import LogConfig
+from astraflow.config.log import KafkaSecurity, LogConfig
 from astraflow.config.model import ModelConfig, TaskConfig, WarmupConfig
 from astraflow.config.policy import PolicyConfig, PolicyRolloutConfig, Role
 from astraflow.config.rollout import (
@@ -44,6 +44,7 @@ __all__ = [
     "EvalConfig",
     "FilterSolvedCurator",
     "GresoCurator",
+    "KafkaSecurity",
     "LogConfig",
     "LossConfig",
     "ModelConfig",

@@ -2,11 +2,105 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from astraflow.config.base import Section
+from astraflow.errors import ConfigError
+
+
+class KafkaSecurity(Section):
+    """How the Kafka clients authenticate and encrypt (Kafka only: the embedded log is a file of one
+    user, created mode 0600). The password is never a config value: it is read, when a client is
+    made, from the environment variable ``password_env`` or the file ``password_file``, so neither
+    the resolved ``config.yaml`` nor a log line holds it."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """Kafka's ``security.protocol``: TLS (``SSL``), SASL authentication, both, or neither."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """With a ``SASL_*`` protocol: the SASL mechanism (both client libraries support these three)."""
+    username: str | None = None
+    """With a ``SASL_*`` protocol: the principal's user name."""
+    password_env: str | None = None
+    """With a ``SASL_*`` protocol: the environment variable holding the password (or ``password_file``)."""
+    password_file: str | None = None
+    """With a ``SASL_*`` protocol: a file holding the password, alone on its first line (or ``password_env``)."""
+    ca_file: str | None = None
+    """With TLS: the CA certificate (PEM) the brokers' certificates are checked against; the system's CAs if unset."""
+    cert_file: str | None = None
+    """With TLS: this client's certificate (PEM), for brokers that authenticate clients by certificate."""
+    key_file: str | None = None
+    """With ``cert_file``: its private key (PEM, unencrypted)."""
+
+    @model_validator(mode="after")
+    def _settings_fit_the_protocol(self) -> "KafkaSecurity":
+        sasl_fields = {"sasl_mechanism": self.sasl_mechanism, "username": self.username}
+        secrets = {"password_env": self.password_env, "password_file": self.password_file}
+        tls_fields = {"ca_file": self.ca_file, "cert_file": self.cert_file, "key_file": self.key_file}
+        if self.sasl:
+            missing = [name for name, value in sasl_fields.items() if not value]
+            if missing:
+                raise ValueError(f"protocol {self.protocol} needs {' and '.join(missing)}")
+            if sum(bool(value) for value in secrets.values()) != 1:
+                raise ValueError(f"protocol {self.protocol} needs exactly one of password_env and password_file")
+        else:
+            given = [name for name, value in {**sasl_fields, **secrets}.items() if value]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with a SASL_PLAINTEXT or SASL_SSL protocol")
+        if not self.tls:
+            given = [name for name, value in tls_fields.items() if value]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with an SSL or SASL_SSL protocol")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    def password(self) -> str:
+        """The SASL password, read now from ``password_env`` or ``password_file``."""
+        if self.password_env:
+            value = os.environ.get(self.password_env)
+            if not value:
+                raise ConfigError(f"log.security.password_env: the environment variable {self.password_env} is not set")
+            return value
+        path = Path(self.password_file or "")
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"log.security.password_file: cannot read {path}: {exc.strerror}") from exc
+        if not lines or not lines[0]:
+            raise ConfigError(f"log.security.password_file: {path} is empty")
+        return lines[0]
+
+    def client_config(self) -> dict[str, str]:
+        """The librdkafka (confluent-kafka) settings, the password included: for a client, never to print."""
+        settings = {"security.protocol": self.protocol}
+        if self.sasl:
+            settings.update(
+                {
+                    "sasl.mechanism": self.sasl_mechanism or "",
+                    "sasl.username": self.username or "",
+                    "sasl.password": self.password(),
+                }
+            )
+        for key, value in (
+            ("ssl.ca.location", self.ca_file),
+            ("ssl.certificate.location", self.cert_file),
+            ("ssl.key.location", self.key_file),
+        ):
+            if value:
+                settings[key] = value
+        return settings
 
 
 class LogConfig(Section):
@@ -16,6 +110,14 @@ class LogConfig(Section):
     """Kafka bootstrap servers (``host:port``); required when ``backend`` is ``kafka``."""
     partitions: int = Field(default=2, ge=1, le=64)
     """Partitions of the tasks and trajectories topics (the most producers / processors that share work)."""
+    security: KafkaSecurity = KafkaSecurity()
+    """Kafka authentication and encryption, for every client of the run (confluent-kafka and faust alike)."""
+
+    def client_config(self) -> dict[str, str]:
+        """Settings every Kafka client of the run adds (security; the password read now); none for PLAINTEXT."""
+        if self.backend != "kafka" or self.security.protocol == "PLAINTEXT":
+            return {}
+        return self.security.client_config()
 
     @model_validator(mode="after")
     def _kafka_needs_bootstrap(self) -> "LogConfig":

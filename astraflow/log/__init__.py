@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from astraflow.log.base import (
     Consumer,
@@ -26,8 +27,15 @@ __all__ = [
 ]
 
 
-def open_log(backend: str, *, path: str | Path | None = None, bootstrap: str | None = None) -> Log:
-    """Open the log backend named by ``backend`` (``embedded`` needs ``path``, ``kafka`` ``bootstrap``).
+def open_log(
+    backend: str,
+    *,
+    path: str | Path | None = None,
+    bootstrap: str | None = None,
+    client_config: dict[str, Any] | None = None,
+) -> Log:
+    """Open the log backend named by ``backend`` (``embedded`` needs ``path``, ``kafka`` ``bootstrap``;
+    ``client_config`` adds librdkafka settings to every Kafka client, e.g. ``LogConfig.client_config()``).
 
     Imports the backend module lazily so that the other one's client library is never loaded.
     """
@@ -44,5 +52,5 @@ def open_log(backend: str, *, path: str | Path | None = None, bootstrap: str | N
             raise ConfigError("log.bootstrap: the kafka backend needs bootstrap servers, e.g. 127.0.0.1:9092")
         from astraflow.log.kafka import KafkaLog
 
-        return KafkaLog(bootstrap)
+        return KafkaLog(bootstrap, client_config)
     raise ConfigError(f"log.backend: unknown backend {backend!r}; choose 'embedded' or 'kafka'")

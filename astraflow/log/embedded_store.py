@@ -194,12 +194,23 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in text or "busy" in text
 
 
+def _create_private(path: Path) -> None:
+    """Create the log file readable and writable by its owner only (mode 0600), unless it exists:
+    the embedded log has no users or ACLs, so the file's mode is its only access control. SQLite
+    gives the write-ahead log and shared-memory files the database file's mode."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+
+
 class Store:
     """One connection to the log file; its threads take turns through a lock."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone(), 30.0)

@@ -12,6 +12,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
+from astraflow.config import KafkaSecurity
 from astraflow.errors import AstraFlowError
 
 
@@ -19,12 +20,36 @@ class CommitStalled(AstraFlowError):
     """Faust stopped committing a partition's acked records."""
 
 
-def replication_factor(bootstrap: str, topic: str) -> int:
+def replication_factor(bootstrap: str, topic: str, client_config: dict[str, Any] | None = None) -> int:
     """How many replicas ``topic`` has: the changelog gets as many as the input it mirrors."""
     from confluent_kafka.admin import AdminClient
 
-    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    metadata = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})}).list_topics(topic, timeout=30)
     return len(metadata.topics[topic].partitions[0].replicas)
+
+
+def broker_credentials(security: KafkaSecurity) -> Any:
+    """Faust's credentials (aiokafka's) for ``log.security``: the same protocol, SASL mechanism, user,
+    password, CA and client certificate the confluent-kafka clients get; ``None`` for PLAINTEXT."""
+    import ssl
+
+    from faust.auth import SASLCredentials, SSLCredentials
+
+    if security.protocol == "PLAINTEXT":
+        return None
+    context = None
+    if security.tls:
+        context = ssl.create_default_context(cafile=security.ca_file)
+        if security.cert_file:
+            context.load_cert_chain(security.cert_file, security.key_file)
+    if not security.sasl:
+        return SSLCredentials(context)
+    return SASLCredentials(
+        username=security.username,
+        password=security.password(),
+        ssl_context=context,
+        mechanism=security.sasl_mechanism,
+    )
 
 
 class QuiescentConsumer(AIOKafkaConsumer):

@@ -69,6 +69,7 @@ from astraflow.streams.faust_consumer import (
     CommitStalled,
     Outbox,
     QuiescentTransport,
+    broker_credentials,
     replication_factor,
 )
 from astraflow.streams.faust_table import PendingTable
@@ -192,7 +193,10 @@ class FaustStreamProcessor(GroupProcessor):
             autodiscover=False,
             datadir=str(datadir),
             topic_partitions=partitions,
-            topic_replication_factor=replication_factor(ctx.config.log.bootstrap or "", self.source),
+            topic_replication_factor=replication_factor(
+                ctx.config.log.bootstrap or "", self.source, ctx.config.log.client_config()
+            ),
+            broker_credentials=broker_credentials(ctx.config.log.security),
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=COMMIT_INTERVAL_S,
             broker_session_timeout=SESSION_TIMEOUT_S,

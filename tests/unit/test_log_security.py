@@ -1,0 +1,192 @@
+"""``log.security``: one section gives confluent-kafka and faust (aiokafka) the same protocol, SASL
+mechanism, user, password, CA and client certificate; the password is read from an environment
+variable or a file when a client is made, and never written to the resolved config; the embedded
+log's file is its owner's only.
+
+The settings are checked against the client libraries themselves: librdkafka builds a client from
+them (it refuses unknown keys and loads the CA file), and faust turns its credentials into the
+aiokafka arguments it would connect with.
+"""
+
+from __future__ import annotations
+
+import datetime
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from astraflow.config import KafkaSecurity, parse_config
+from astraflow.config.run import dump_config
+from astraflow.errors import ConfigError
+from astraflow.log import TopicSpec, open_log
+
+SECRET = "s3cret-not-in-any-file"
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and its key, as PEM files (a CA for the client to trust)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "astraflow test CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "ca.pem", directory / "ca.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "password_env": "P"}, "needs username"),
+        ({"protocol": "SASL_SSL", "username": "u", "password_env": "P"}, "needs sasl_mechanism"),
+        (
+            {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "username": "u"},
+            "exactly one of password_env and password_file",
+        ),
+        (
+            {
+                "protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "PLAIN",
+                "username": "u",
+                "password_env": "P",
+                "password_file": "f",
+            },
+            "exactly one of password_env and password_file",
+        ),
+        ({"username": "u"}, "username: only with a SASL_PLAINTEXT or SASL_SSL protocol"),
+        (
+            {
+                "protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "PLAIN",
+                "username": "u",
+                "password_env": "P",
+                "ca_file": "c",
+            },
+            "ca_file: only with an SSL or SASL_SSL protocol",
+        ),
+        ({"protocol": "SSL", "cert_file": "c"}, "cert_file and key_file go together"),
+        ({"protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}, "sasl_mechanism"),
+    ],
+)
+def test_settings_that_do_not_fit_the_protocol_are_refused_by_name(settings: dict, problem: str) -> None:
+    with pytest.raises(ConfigError, match=f"log.security.*{problem}"):
+        parse_config({"log": {"backend": "kafka", "bootstrap": "127.0.0.1:9092", "security": settings}})
+
+
+def sasl_ssl(tmp_path: Path, **password: str) -> dict:
+    ca, _ = self_signed(tmp_path)
+    return {
+        "backend": "kafka",
+        "bootstrap": "127.0.0.1:9",
+        "security": {
+            "protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "username": "producer",
+            "ca_file": str(ca),
+            **password,
+        },
+    }
+
+
+def test_the_password_comes_from_the_environment_or_a_file_and_never_reaches_the_resolved_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = parse_config({"log": sasl_ssl(tmp_path, password_env="ASTRAFLOW_TEST_KAFKA_PASSWORD")})
+    with pytest.raises(ConfigError, match="environment variable ASTRAFLOW_TEST_KAFKA_PASSWORD is not set"):
+        config.log.client_config()
+    monkeypatch.setenv("ASTRAFLOW_TEST_KAFKA_PASSWORD", SECRET)
+    settings = config.log.client_config()
+    assert settings == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "producer",
+        "sasl.password": SECRET,
+        "ssl.ca.location": config.log.security.ca_file,
+    }
+    dump_config(config, tmp_path / "config.yaml")
+    written = (tmp_path / "config.yaml").read_text()
+    assert SECRET not in written and "ASTRAFLOW_TEST_KAFKA_PASSWORD" in written
+    assert SECRET not in repr(config)
+
+    secret_file = tmp_path / "password"
+    with pytest.raises(ConfigError, match=f"password_file: cannot read {secret_file}"):
+        parse_config({"log": sasl_ssl(tmp_path, password_file=str(secret_file))}).log.client_config()
+    secret_file.write_text(f"{SECRET}\n")
+    from_file = parse_config({"log": sasl_ssl(tmp_path, password_file=str(secret_file))})
+    assert from_file.log.client_config()["sasl.password"] == SECRET
+
+
+def test_librdkafka_builds_clients_from_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key is one librdkafka knows, and the CA file loads (a client is made; nothing connects)."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+
+    monkeypatch.setenv("ASTRAFLOW_TEST_KAFKA_PASSWORD", SECRET)
+    config = parse_config({"log": sasl_ssl(tmp_path, password_env="ASTRAFLOW_TEST_KAFKA_PASSWORD")})
+    settings = {"bootstrap.servers": "127.0.0.1:9", **config.log.client_config()}
+    Producer(settings).flush(0)
+    Consumer({**settings, "group.id": "g"}).close()
+    AdminClient(settings)
+    (tmp_path / "not-a-ca.pem").write_text("not a certificate\n")
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException, match="ssl.ca.location"):
+        Producer({**settings, "ssl.ca.location": str(tmp_path / "not-a-ca.pem")})
+
+
+def test_faust_gets_the_same_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    from astraflow.streams.faust_consumer import broker_credentials
+
+    monkeypatch.setenv("ASTRAFLOW_TEST_KAFKA_PASSWORD", SECRET)
+    ca, key = self_signed(tmp_path)
+    security = KafkaSecurity(
+        protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        username="stream",
+        password_env="ASTRAFLOW_TEST_KAFKA_PASSWORD",
+        ca_file=str(ca),
+        cert_file=str(ca),
+        key_file=str(key),
+    )
+    auth = credentials_to_aiokafka_auth(broker_credentials(security))
+    assert {k: auth[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username")} == {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "stream",
+    }
+    assert auth["sasl_plain_password"] == SECRET
+    assert auth["ssl_context"].get_ca_certs()[0]["subject"] == ((("commonName", "astraflow test CA"),),)
+    tls = credentials_to_aiokafka_auth(broker_credentials(KafkaSecurity(protocol="SSL", ca_file=str(ca))))
+    assert tls["security_protocol"] == "SSL" and "sasl_mechanism" not in tls
+    assert broker_credentials(KafkaSecurity()) is None
+
+
+def test_the_embedded_log_file_is_its_owners_only(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "log.sqlite"
+    with open_log("embedded", path=path) as log, log.producer() as producer:
+        log.create_topic(TopicSpec("t", partitions=1))
+        producer.send("t", b"x")
+        producer.flush()
+        files = [p for p in path.parent.iterdir() if p.name.startswith("log.sqlite")]
+        assert {p.name for p in files} >= {"log.sqlite", "log.sqlite-wal"}
+        assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o600 for p in files}
