@@ -35,15 +35,26 @@ _NOT_RUNNING = 3
 
 
 def _broker(
-    home: Optional[Path], port: Optional[int] = None, controller_port: Optional[int] = None, jars: Optional[Path] = None
+    home: Optional[Path],
+    port: Optional[int] = None,
+    controller_port: Optional[int] = None,
+    jars: Optional[Path] = None,
+    secure: bool = False,
 ) -> "LocalKafkaBroker":
     from astraflow.broker.local import LocalKafkaBroker, default_home
+    from astraflow.broker.secure import SecurityFiles
 
-    return LocalKafkaBroker(home or default_home(), port, controller_port, jar_cache=jars or default_home())
+    home = (home or default_home()).expanduser().resolve()
+    security = SecurityFiles(home / "security").make() if secure else None
+    return LocalKafkaBroker(home, port, controller_port, jar_cache=jars or default_home(), security=security)
 
 
 def _cluster(
-    home: Optional[Path], nodes: Optional[int] = None, port: Optional[int] = None, jars: Optional[Path] = None
+    home: Optional[Path],
+    nodes: Optional[int] = None,
+    port: Optional[int] = None,
+    jars: Optional[Path] = None,
+    secure: bool = False,
 ) -> "LocalKafkaCluster | None":
     """The cluster of ``home``: one to start (``nodes`` given), or one started there before; else ``None``."""
     from astraflow.broker.cluster import LocalKafkaCluster, is_cluster_home
@@ -52,7 +63,7 @@ def _cluster(
     home = home or default_home()
     if nodes is None and not is_cluster_home(home):
         return None
-    return LocalKafkaCluster(home, nodes, port, jar_cache=jars or default_home())
+    return LocalKafkaCluster(home, nodes, port, jar_cache=jars or default_home(), secure=secure)
 
 
 @broker_app.command()
@@ -73,6 +84,16 @@ def start(
         ),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until it serves.")] = 60.0,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help=(
+                "SASL_SSL (SCRAM-SHA-512 over TLS, a local CA made in HOME/security) with ACLs: a principal per"
+                " component role, least privilege (`astraflow broker grant` gives a run's); needs a fresh --home."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Fetch the jars (first time), format the storage (first time), start the broker detached."""
     from rich.console import Console
@@ -81,8 +102,8 @@ def start(
 
     console = Console()
     try:
-        cluster = _cluster(home, nodes, port, jars)
-        broker = cluster or _broker(home, port, controller_port, jars)
+        cluster = _cluster(home, nodes, port, jars, secure)
+        broker = cluster or _broker(home, port, controller_port, jars, secure)
         with console.status(f"starting Kafka {broker.version} in {broker.home} ..."):
             broker.start(timeout=timeout)
     except BrokerError as exc:
@@ -90,9 +111,19 @@ def start(
         raise typer.Exit(1) from exc
     if cluster is not None:
         pids = ", ".join(f"node {n} pid {pid}" for n, pid in cluster.status().pids.items())
-        console.print(f"running: bootstrap {cluster.bootstrap} ({pids}, home {cluster.home})")
-        return
-    console.print(f"running: bootstrap {broker.bootstrap} (pid {broker.status().pid}, home {broker.home})")
+        console.print(f"running: bootstrap {cluster.bootstrap} ({pids}, home {cluster.home})", highlight=False)
+    else:
+        console.print(
+            f"running: bootstrap {broker.bootstrap} (pid {broker.status().pid}, home {broker.home})", highlight=False
+        )
+    if broker.security is not None:
+        files = broker.security
+        console.print(
+            f"secure: SASL_SSL, SCRAM-SHA-512; CA {files.ca}; one password file per principal in {files.directory}"
+            " (admin, feeder, producer, stream, trainer, evaluator, analysis); a run's config names its principal in"
+            " log.security",
+            highlight=False,
+        )
 
 
 @broker_app.command()
@@ -122,3 +153,30 @@ def stop(
     """Stop the broker (every node of a cluster) with a controlled shutdown (SIGTERM), SIGKILL after the timeout."""
     broker = _cluster(home) or _broker(home)
     typer.echo("stopped" if broker.stop(timeout=timeout) else f"not running (home {broker.home})")
+
+
+@broker_app.command()
+def grant(
+    config: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Run config (YAML).")],
+    home: HomeOpt = None,
+) -> None:
+    """On the secure broker of this home, as its admin: create the run's topics, write the schemas
+    and grant each component role its ACLs on them (least privilege; see astraflow/broker/acls.py)."""
+    from astraflow.broker.acls import grant_run
+    from astraflow.config import load_config
+    from astraflow.errors import BrokerError
+    from astraflow.log import open_log
+    from astraflow.schemas.store import LogSchemaStore
+    from astraflow.topics import RunTopics
+
+    broker = _cluster(home) or _broker(home)
+    if broker.security is None:
+        raise BrokerError(f"the broker in {broker.home} is not secure: ACLs need `astraflow broker start --secure`")
+    run = load_config(config)
+    topics = RunTopics(run.run, run.workflow, run.policy_names())
+    admin = broker.client_config("admin")
+    with open_log("kafka", bootstrap=broker.bootstrap, client_config=admin) as log:
+        topics.ensure(log, run.log.partitions, run.weights.chunk_bytes)
+        LogSchemaStore(log).close()
+    count = grant_run({"bootstrap.servers": broker.bootstrap, **admin}, topics)
+    typer.echo(f"run {run.run!r}: topics made, schemas written, {count} ACLs granted on {broker.bootstrap}")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from astraflow.broker.jars import KAFKA_VERSION
 from astraflow.broker.local import DEFAULT_PORT, LocalKafkaBroker, free_port, new_cluster_id
+from astraflow.broker.secure import SecurityFiles
 from astraflow.errors import BrokerError
 
 META = "cluster.json"
@@ -51,6 +52,7 @@ class LocalKafkaCluster:
         jar_cache: Path | None = None,
         version: str = KAFKA_VERSION,
         heap: str = "512m",
+        secure: bool | None = None,
     ) -> None:
         self.home = Path(home).expanduser().resolve()
         saved = json.loads((self.home / META).read_text()) if (self.home / META).exists() else {}
@@ -66,6 +68,14 @@ class LocalKafkaCluster:
         controllers = controllers or {n: free_port() for n in range(1, count + 1)}
         self.cluster_id: str = saved.get("cluster_id") or new_cluster_id()
         self.meta = {"cluster_id": self.cluster_id, "nodes": count, "port": first, "controller_ports": controllers}
+        if secure and saved and not saved.get("secure"):
+            raise BrokerError(f"the cluster in {self.home} was made without --secure: use --home for a secure one")
+        secure = secure or bool(saved.get("secure"))  # a secure home stays secure
+        self.security = SecurityFiles(self.home / "security").make() if secure else None
+        internal = {int(n): p for n, p in saved.get("internal_ports", {}).items()}
+        if secure:
+            internal = internal or {n: free_port() for n in range(1, count + 1)}
+            self.meta.update({"secure": True, "internal_ports": internal})
         self.nodes = [
             LocalKafkaBroker(
                 self.home / f"node{n}",
@@ -78,6 +88,8 @@ class LocalKafkaCluster:
                 cluster_id=self.cluster_id,
                 voters=controllers,
                 replicas=min(count, 3),
+                security=self.security,
+                internal_port=internal.get(n),
             )
             for n in range(1, count + 1)
         ]
@@ -90,6 +102,10 @@ class LocalKafkaCluster:
     def bootstrap(self) -> str:
         """Every node's ``host:port``, so a client finds the cluster with any node down."""
         return ",".join(node.bootstrap for node in self.nodes)
+
+    def client_config(self, principal: str = "admin") -> dict[str, str]:
+        """librdkafka settings a client needs besides the bootstrap (``LocalKafkaBroker.client_config``)."""
+        return self.nodes[0].client_config(principal)
 
     def start(self, timeout: float = 90.0) -> None:
         """Launch every node that does not run, then wait until each serves."""

@@ -40,6 +40,7 @@ from importlib import resources
 from pathlib import Path
 
 from astraflow.broker.jars import KAFKA_VERSION, fetch_jars
+from astraflow.broker.secure import SecurityFiles, server_settings
 from astraflow.errors import BrokerError
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class LocalKafkaBroker:
         cluster_id: str | None = None,
         voters: dict[int, int] | None = None,
         replicas: int = 1,
+        security: SecurityFiles | None = None,
+        internal_port: int | None = None,
     ) -> None:
         self.home = Path(home).expanduser().resolve()
         self.version = version
@@ -105,12 +108,24 @@ class LocalKafkaBroker:
         self.node_id = node_id
         self.voters = voters or {node_id: self.controller_port}
         self.replicas = replicas
+        if security is not None and saved and not saved.get("secure"):
+            raise BrokerError(f"the broker in {self.home} was made without --secure: use --home for a secure one")
+        if security is None and saved.get("secure"):
+            security = SecurityFiles(self.home / "security")  # a secure home stays secure
+        self.security = security
+        """The secure profile's files (``secure.py``): SASL_SSL clients, TLS between nodes, ACLs."""
+        self.internal_port = (internal_port or saved.get("internal_port") or free_port()) if security else None
         self._started = 0.0
 
     @property
     def bootstrap(self) -> str:
         """``host:port`` for Kafka clients."""
         return f"127.0.0.1:{self.port}"
+
+    def client_config(self, principal: str = "admin") -> dict[str, str]:
+        """librdkafka settings a client needs besides the bootstrap: none, or on a secure broker the
+        SASL_SSL settings of ``principal``."""
+        return self.security.client_config(principal) if self.security else {}
 
     @property
     def log_file(self) -> Path:
@@ -141,8 +156,8 @@ class LocalKafkaBroker:
         if self.status().running:
             logger.info("broker in %s already runs at %s", self.home, self.bootstrap)
             return None
-        for port in (self.port, self.controller_port):
-            if not _port_free(port):
+        for port in (self.port, self.controller_port, self.internal_port):
+            if port is not None and not _port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is in use; pick another with --port/--controller-port")
         libs = self.fetch()
         java = _java()
@@ -256,6 +271,8 @@ class LocalKafkaBroker:
     def _write_config(self) -> Path:
         """Write ``broker.json`` and ``server.properties`` for the current ports."""
         meta = {"cluster_id": self._cluster_id, "port": self.port, "controller_port": self.controller_port}
+        if self.security is not None:
+            meta.update({"secure": True, "internal_port": self.internal_port})
         (self.home / "broker.json").write_text(json.dumps(meta, indent=2) + "\n")
         replicas, in_sync = str(self.replicas), str(min(2, self.replicas))
         settings = {
@@ -285,6 +302,8 @@ class LocalKafkaBroker:
             "group.min.session.timeout.ms": "1000",
             "message.max.bytes": str(16 * 1024 * 1024),
         }
+        if self.security is not None:
+            settings.update(server_settings(self.security, self.port, self.internal_port, self.controller_port))
         props = self.home / "server.properties"
         props.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         return props
@@ -305,6 +324,7 @@ class LocalKafkaBroker:
             self._cluster_id,
             "-c",
             str(props),
+            *(self.security.scram_arguments() if self.security else []),
         ]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
@@ -323,7 +343,9 @@ class LocalKafkaBroker:
             if admin is None and not _listening(self.port):
                 time.sleep(0.2)
                 continue
-            admin = admin or AdminClient({"bootstrap.servers": self.bootstrap, "reconnect.backoff.max.ms": 500})
+            admin = admin or AdminClient(
+                {"bootstrap.servers": self.bootstrap, "reconnect.backoff.max.ms": 500, **self.client_config()}
+            )
             try:
                 if admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic()))).brokers:
                     return

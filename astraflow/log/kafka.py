@@ -41,8 +41,17 @@ logger = logging.getLogger(__name__)
 
 MAX_CLIENT_RECORD_BYTES = 64 * 1024 * 1024
 _TIMEOUT_S = 30.0
+ASSIGN_GROUP_PREFIX = "astraflow-assign-"
+"""Prefix of the throwaway group of a consumer opened without one (it only assigns, never commits)."""
 _RENEW_ADMIN_S = 5.0
 _NOT_FOUND = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+_REFUSED = (
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+)
+"""Errors of an operation the broker's ACLs refused."""
 _LEADERSHIP_MOVING = (
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
@@ -72,13 +81,38 @@ class KafkaLog(Log):
             "logger": logging.getLogger("astraflow.log.librdkafka"),
             **(client_config or {}),
         }
-        self._admin = AdminClient(dict(self._base))
-        try:
-            self._admin.list_topics(timeout=connect_timeout_s)
-        except KafkaException as exc:
-            raise LogError(
-                f"cannot reach the Kafka cluster at {bootstrap} within {connect_timeout_s:g}s: {exc.args[0].str()}"
-            ) from exc
+        self.principal: str | None = self._base.get("sasl.username")
+        """The SASL user every client of this log authenticates as; ``None`` without SASL."""
+        self._refusal: KafkaError | None = None
+        self._admin = AdminClient({**self._base, "error_cb": self._on_error})
+        deadline = time.monotonic() + connect_timeout_s
+        while True:
+            try:
+                self._admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                break
+            except KafkaException as exc:
+                self._admin.poll(0.2)  # serves the error callback: a refused login shows there
+                if self._refusal is not None:
+                    mechanism = self._base.get("sasl.mechanism", "TLS")
+                    raise LogError(
+                        f"the Kafka cluster at {bootstrap} refused user {self.principal!r} ({mechanism}): "
+                        f"{self._refusal.str()}"
+                    ) from exc
+                if time.monotonic() >= deadline:
+                    raise LogError(
+                        f"cannot reach the Kafka cluster at {bootstrap} within {connect_timeout_s:g}s: "
+                        f"{exc.args[0].str()}"
+                    ) from exc
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback: remember a refused authentication, to say so at once."""
+        if error.code() == KafkaError._AUTHENTICATION:
+            self._refusal = error
+
+    def _may_not(self, operation: str, resource: str, error: KafkaError) -> LogError:
+        """The error for an operation the broker's ACLs refused, naming the principal."""
+        who = f"principal User:{self.principal}" if self.principal else "this client (no SASL user)"
+        return LogError(f"{who} may not {operation} {resource}: {error.str()}")
 
     def create_topic(self, spec: TopicSpec, exist_ok: bool = True) -> None:
         config = {
@@ -96,7 +130,12 @@ class KafkaLog(Log):
         try:
             future.result()
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            if exc.args[0].code() in _REFUSED:
+                # a principal without CREATE uses the topics an admin made; one that is missing is an error
+                found = self._admin.list_topics(spec.name, timeout=_TIMEOUT_S).topics.get(spec.name)
+                if not exist_ok or found is None or found.error is not None:
+                    raise self._may_not("CREATE", f"topic {spec.name!r}", exc.args[0]) from exc
+            elif exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise LogError(f"creating topic {spec.name!r} failed: {exc.args[0].str()}") from exc
             if not exist_ok:
                 raise LogError(f"topic {spec.name!r} already exists") from exc
@@ -124,6 +163,8 @@ class KafkaLog(Log):
         except KafkaException as exc:
             if exc.args[0].code() in _NOT_FOUND:
                 raise TopicNotFoundError(f"topic {name!r} does not exist") from exc
+            if exc.args[0].code() in _REFUSED:
+                raise self._may_not("DESCRIBE_CONFIGS", f"topic {name!r}", exc.args[0]) from exc
             raise LogError(f"describing topic {name!r} failed: {exc.args[0].str()}") from exc
         retention = int(config["retention.ms"].value)
         return TopicSpec(
@@ -229,7 +270,7 @@ class KafkaLog(Log):
         session_ms = int(session_timeout_s * 1000)
         config = {
             **self._base,
-            "group.id": group_id or f"astraflow-assign-{uuid.uuid4().hex}",
+            "group.id": group_id or f"{ASSIGN_GROUP_PREFIX}{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "auto.offset.reset": auto_offset_reset,

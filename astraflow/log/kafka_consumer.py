@@ -29,6 +29,12 @@ from astraflow.log.base import Consumer, Message, OffsetReset, TopicPartition
 logger = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30.0
+_REFUSED = (
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+)
+"""Errors of a read the broker's ACLs refused."""
 _RAISED = (
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._UNKNOWN_TOPIC,
@@ -46,6 +52,8 @@ class KafkaConsumer(Consumer):
 
     def __init__(self, config: dict[str, Any], has_group: bool, auto_offset_reset: OffsetReset) -> None:
         self._consumer = RdConsumer(config)
+        self._principal = config.get("sasl.username")
+        self._group = config.get("group.id") if has_group else None
         self._has_group = has_group
         self._reset = auto_offset_reset
         reset_end = OFFSET_BEGINNING if auto_offset_reset == "earliest" else OFFSET_END
@@ -88,6 +96,10 @@ class KafkaConsumer(Consumer):
         for msg in raw:
             err = msg.error()
             if err is not None:
+                if err.code() in _REFUSED:
+                    who = f"principal User:{self._principal}" if self._principal else "this client (no SASL user)"
+                    what = f"topic {msg.topic()!r}" if msg.topic() else f"consumer group {self._group or '(none)'!r}"
+                    raise LogError(f"{who} may not READ {what}: {err.str()}")
                 if err.fatal() or err.code() in _RAISED:
                     raise LogError(f"consuming {msg.topic()} failed: {err.str()}")
                 logger.info("librdkafka recovers from: %s", err.str())

@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as RdProducer
@@ -40,7 +41,10 @@ class KafkaProducer(Producer):
     """A ``Producer`` on one confluent-kafka producer; ``config`` comes from ``KafkaLog``."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self._producer = RdProducer(config)
+        self._fatal: KafkaError | None = None
+        """The fatal error librdkafka reported, if any: it fails (purges) every record after it."""
+        self._producer = RdProducer({**config, "error_cb": self._on_error})
+        self._principal = config.get("sasl.username")
         self._failures: list[tuple[str, str, KafkaError]] = []
         """(topic, partition or "?", error) per record that failed since the last ``flush``."""
         self._closed = False
@@ -69,10 +73,12 @@ class KafkaProducer(Producer):
             self._failures.append((topic, "?" if partition is None else str(partition), error))
             self._done(sequence)
         self._sent += 1
-        self._producer.poll(0)
+        with self._fatal_errors():
+            self._producer.poll(0)
 
     def flush(self, timeout: float = 30.0) -> None:
-        remaining = self._producer.flush(timeout)
+        with self._fatal_errors():
+            remaining = self._producer.flush(timeout)
         self._raise_failures()
         if remaining:
             raise DeliveryError(f"{remaining} record(s) not acknowledged within {timeout:.1f}s")
@@ -80,13 +86,37 @@ class KafkaProducer(Producer):
     def _raise_failures(self) -> None:
         failures, self._failures = self._failures, []
         if failures:
-            raise delivery_error(failures)
+            purged = any(err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT) for _, _, err in failures)
+            for _ in range(10 if purged else 0):  # records purged by a fatal error: its report may still be queued
+                if self._fatal is not None:
+                    break
+                try:
+                    self._producer.poll(0.1)
+                except (KafkaException, SystemError) as exc:  # how confluent-kafka raises a fatal error
+                    cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
+                    if isinstance(cause, KafkaException):
+                        self._fatal = cause.args[0]
+            if self._fatal is not None:
+                raise self._fatal_error(self._fatal)
+            raise delivery_error(failures, principal=self._principal)
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error
+
+    def _fatal_error(self, error: KafkaError) -> DeliveryError:
+        """What a fatal client error means; one the broker's ACLs caused names the principal."""
+        if error.code() in (KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+            who = f"principal User:{self._principal}" if self._principal else "this client (no SASL user)"
+            return DeliveryError(f"{who} may not write to the log (its producer needs WRITE on a topic): {error.str()}")
+        return DeliveryError(f"the producer failed: {error.str()}")
 
     def mark(self) -> int:
         return self._sent
 
     def settled(self, mark: int | None = None) -> bool:
-        self._producer.poll(0)  # serve the delivery reports that have arrived
+        with self._fatal_errors():
+            self._producer.poll(0)  # serve the delivery reports that have arrived
         if self._done_below < (self._sent if mark is None else mark):  # records queued or in flight
             return False
         self._raise_failures()
@@ -97,6 +127,21 @@ class KafkaProducer(Producer):
             return
         self._closed = True
         self.flush()
+
+    @contextmanager
+    def _fatal_errors(self) -> Iterator[None]:
+        """Turn a fatal client error raised from ``poll``/``flush`` into a ``DeliveryError`` that says
+        what happened; one the broker's ACLs caused names the principal. (confluent-kafka raises a
+        fatal error as the pending exception of the next delivery report it serves, which then shows
+        as a ``SystemError``.)"""
+        try:
+            yield
+        except (KafkaException, SystemError) as exc:
+            cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
+            if not isinstance(cause, KafkaException):
+                raise
+            self._fatal = cause.args[0]  # the records still queued are purged: later flushes say why
+            raise self._fatal_error(self._fatal) from exc
 
     def _on_delivery(self, sequence: int, err: KafkaError | None, msg: Any) -> None:
         self._done(sequence)
@@ -148,11 +193,18 @@ def produce(
             return exc.args[0]
 
 
-def delivery_error(failures: list[tuple[str, str, KafkaError]], prefix: str = "") -> DeliveryError:
+def delivery_error(
+    failures: list[tuple[str, str, KafkaError]], prefix: str = "", principal: str | None = None
+) -> DeliveryError:
     """The error for records that failed, (topic, partition or "?", error) each: ``RecordTooLargeError``
-    when one was too large, ``DeliveryError`` otherwise."""
+    when one was too large, ``DeliveryError`` otherwise. A record the broker's ACLs refused names
+    the ``principal`` and what it may not do."""
     counts = Counter((topic, part, err.str()) for topic, part, err in failures)
     detail = "; ".join(f"{topic}[{part}]: {text} (x{n})" for (topic, part, text), n in counts.items())
+    refused = sorted({topic for topic, _, err in failures if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED})
+    if refused:
+        who = f"principal User:{principal}" if principal else "this client (no SASL user)"
+        detail += f" - {who} may not WRITE topic {', '.join(refused)}"
     too_large = any(err.code() == KafkaError.MSG_SIZE_TOO_LARGE for _, _, err in failures)
     error = RecordTooLargeError if too_large else DeliveryError
     return error(f"{prefix}{len(failures)} record(s) not delivered: {detail}")

@@ -54,6 +54,13 @@ _FENCING = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_P
 """Fatal errors that mean a newer producer with the same transactional id took over."""
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 """Delivery reports of records that ``abort`` dropped: expected, not failures."""
+_REFUSED = (
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+)
+"""Fatal errors of an operation the broker's ACLs refused."""
 
 
 SEND_OFFSETS_TIMEOUT_S = 30.0
@@ -68,6 +75,7 @@ class KafkaTransactionalProducer(TransactionalProducer):
 
     def __init__(self, config: dict[str, Any], transactional_id: str, timeout: float = 30.0) -> None:
         self._id = transactional_id
+        self._principal = config.get("sasl.username")
         self._producer = RdProducer({**config, "transactional.id": transactional_id})
         self._open = False
         self._closed = False
@@ -227,6 +235,13 @@ class KafkaTransactionalProducer(TransactionalProducer):
         text = f"transactional producer {self._id!r}: {doing} failed: {error.str()}"
         if error.code() in _FENCING:
             self._broken = FencedError(f"{text} (a newer producer with the same transactional id took over)")
+        elif error.code() in _REFUSED:
+            principal = self._principal
+            who = f"principal User:{principal}" if principal else "this client (no SASL user)"
+            operation = (
+                "use transactional id" if error.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED else "do"
+            )
+            self._broken = LogError(f"{who} may not {operation} {self._id!r}: {text}")
         else:
             self._broken = LogError(f"{text} (a fatal error: this producer can do nothing more)")
         raise self._broken from cause

@@ -1,0 +1,150 @@
+"""The secure dev broker: ``astraflow broker start --secure`` and ``astraflow broker grant``.
+
+A real KRaft broker with SASL_SSL (SCRAM-SHA-512 over TLS, a CA made locally) and the
+``StandardAuthorizer``, started, granted and stopped through the command line as a user would.
+Each principal is checked both ways - what it may do works, what it may not is refused with a
+message naming the principal, the resource and the operation - so the test fails on ACLs that are
+too broad as surely as on ones too narrow.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from astraflow.broker.local import free_port
+from astraflow.broker.secure import SecurityFiles
+from astraflow.config import parse_config
+from astraflow.config.run import write_config_over
+from astraflow.errors import DeliveryError, LogError
+from astraflow.log import open_log
+from astraflow.log.base import TopicPartition
+from astraflow.topics import RunTopics
+from tests.integration.test_broker_cluster import three_free_ports
+from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.kafka
+
+ASTRAFLOW = Path(sys.executable).with_name("astraflow")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
+RUN = RunTopics("sec", "math", ("main",))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ASTRAFLOW), *args], capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["1-node", "3-nodes"])
+def secure_broker(request: pytest.FixtureRequest, jar_cache: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
+    """A secure broker of one node, or of three (TLS between them too), with the run ``sec`` granted."""
+    nodes = request.param
+    home = tmp_path_factory.mktemp("secure") / "broker"
+    port = free_port() if nodes == 1 else three_free_ports()
+    size = [] if nodes == 1 else ["--nodes", str(nodes), "--timeout", "180"]
+    started = cli(
+        "broker", "start", "--secure", *size, "--home", str(home), "--port", str(port), "--jars", str(jar_cache)
+    )
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "secure: SASL_SSL, SCRAM-SHA-512" in started.stdout
+        bootstrap = ",".join(f"127.0.0.1:{port + n}" for n in range(nodes))
+        config = write_config_over(EXAMPLE, home.parent / "run.yaml", run="sec", log={"bootstrap": bootstrap})
+        granted = cli("broker", "grant", str(config), "--home", str(home))
+        assert granted.returncode == 0, granted.stdout + granted.stderr
+        yield bootstrap, SecurityFiles(home / "security")
+    finally:
+        cli("broker", "stop", "--home", str(home))
+
+
+def as_principal(bootstrap: str, files: SecurityFiles, principal: str):
+    """The log a component of ``principal`` opens: from a run config's ``log.security``."""
+    config = parse_config(
+        {"log": {"backend": "kafka", "bootstrap": bootstrap, "security": files.log_security(principal)}}
+    )
+    return open_log("kafka", bootstrap=bootstrap, client_config=config.log.client_config())
+
+
+def write(log, topic: str, partition: int = 0) -> None:
+    with log.producer() as producer:
+        producer.send(topic, b"probe", partition=partition)
+        producer.flush()
+
+
+def test_the_home_keeps_its_secrets_private(secure_broker) -> None:
+    _, files = secure_broker
+    assert stat.S_IMODE(files.directory.stat().st_mode) == 0o700
+    for path in [files.ca_key, files.node, files.password_file("admin"), files.password_file("producer")]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    servers = list(files.directory.parent.glob("**/server.properties"))
+    assert servers
+    for server in (path.read_text() for path in servers):
+        assert files.password("admin") not in server and "PLAINTEXT://" not in server
+
+
+def test_a_wrong_password_and_a_plaintext_client_are_refused(secure_broker, tmp_path: Path) -> None:
+    bootstrap, files = secure_broker
+    (tmp_path / "wrong").write_text("not-the-password\n")
+    os.chmod(tmp_path / "wrong", 0o600)
+    security = {**files.log_security("producer"), "password_file": str(tmp_path / "wrong")}
+    config = parse_config({"log": {"backend": "kafka", "bootstrap": bootstrap, "security": security}})
+    with pytest.raises(LogError, match="refused user 'producer' \\(SCRAM-SHA-512\\).*[Aa]uthentication failed"):
+        open_log("kafka", bootstrap=bootstrap, client_config=config.log.client_config())
+    from astraflow.log.kafka import KafkaLog
+
+    with pytest.raises(LogError, match=f"cannot reach the Kafka cluster at {bootstrap}"):
+        KafkaLog(bootstrap, connect_timeout_s=5)
+
+
+def test_a_producer_writes_trajectories_but_not_weights_samples_or_the_ledger(secure_broker) -> None:
+    bootstrap, files = secure_broker
+    with as_principal(bootstrap, files, "producer") as log:
+        write(log, RUN.trajectories("main"))
+        for topic in (RUN.weights("main"), RUN.samples("main"), RUN.ledger("main")):
+            with pytest.raises(DeliveryError, match=f"principal User:producer may not WRITE topic {topic}"):
+                write(log, topic)
+        with pytest.raises(LogError, match="principal User:producer may not"):
+            with log.transactional_producer("sec.train.main") as stolen:  # the trainer's transactional id
+                stolen.begin()
+                stolen.send(RUN.trajectories("main"), b"x", partition=0)
+                stolen.commit()
+
+
+def test_the_trainer_writes_weights_and_the_ledger_and_the_stream_writes_samples(secure_broker) -> None:
+    bootstrap, files = secure_broker
+    with as_principal(bootstrap, files, "trainer") as log:
+        write(log, RUN.weights("main"), partition=1)
+        write(log, RUN.ledger("main"))
+        with pytest.raises(DeliveryError, match="principal User:trainer may not WRITE topic sec.trajectories.main"):
+            write(log, RUN.trajectories("main"))
+    with as_principal(bootstrap, files, "stream") as log:
+        write(log, RUN.samples("main"))
+        with pytest.raises(DeliveryError, match="principal User:stream may not WRITE topic sec.weights.main"):
+            write(log, RUN.weights("main"))
+
+
+def test_an_analysis_principal_reads_everything_and_writes_nothing(secure_broker) -> None:
+    bootstrap, files = secure_broker
+    with as_principal(bootstrap, files, "analysis") as log:
+        topic = RUN.trajectories("main")
+        with log.consumer(group_id=None) as consumer:
+            partitions = [TopicPartition(topic, p) for p in range(log.describe_topic(topic).partitions)]
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(partitions)
+            read = []
+            for _ in range(40):
+                read += consumer.poll(max_records=100, timeout=0.5)
+                if read:
+                    break
+        assert [m.value for m in read] == [b"probe"]  # what the producer principal wrote
+        for topic in (RUN.metrics(), RUN.deadletter(), RUN.trajectories("main")):
+            with pytest.raises(DeliveryError, match="principal User:analysis may not write to the log"):
+                write(log, topic)
+        with pytest.raises(LogError, match="principal User:analysis may not CREATE topic 'sec.extra'"):
+            from astraflow.log.base import TopicSpec
+
+            log.create_topic(TopicSpec("sec.extra", partitions=1))
