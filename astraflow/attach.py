@@ -90,7 +90,8 @@ def open_run_log_readonly(config: RunConfig, run_dir: Path) -> Log:
         if not path.exists():
             raise ConfigError(f"{run_dir}: no log.sqlite, so no embedded log to attach to")
         return open_log("embedded", path=path)
-    return open_log(config.log.backend, bootstrap=config.log.bootstrap, client_config=config.log.client_config())
+    security = config.log.client_config("analysis")
+    return open_log(config.log.backend, bootstrap=config.log.bootstrap, client_config=security)
 
 
 def offsets_at(log: Log, topic: str, timestamp_ms: int | None = None) -> dict[int, int]:

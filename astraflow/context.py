@@ -38,14 +38,15 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def open_run_log(config: RunConfig, run_dir: Path) -> Log:
-    """The run's log: ``run_dir/log.sqlite`` for the embedded backend, the cluster for Kafka."""
+def open_run_log(config: RunConfig, run_dir: Path, component: str | None = None) -> Log:
+    """The run's log: ``run_dir/log.sqlite`` for the embedded backend, the cluster for Kafka (as
+    ``component``'s principal, where ``log.security.role_credentials`` gives each its own)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     return open_log(
         config.log.backend,
         path=RunDir(run_dir).log,
         bootstrap=config.log.bootstrap,
-        client_config=config.log.client_config(),
+        client_config=config.log.client_config(component),
     )
 
 
@@ -78,7 +79,7 @@ class ComponentContext:
         self.run_dir = run_dir
         self.component = component
         self.instance = f"{component}-{socket.gethostname()}-{os.getpid()}"
-        self.log = open_run_log(config, run_dir)
+        self.log = open_run_log(config, run_dir, component)
         self.schemas = LogSchemaStore(self.log)
         self.codec = Codec(self.schemas)
         self.topics = RunTopics(config.run, config.workflow, config.policy_names())

@@ -161,8 +161,8 @@ def grant(
     home: HomeOpt = None,
 ) -> None:
     """On the secure broker of this home, as its admin: create the run's topics, write the schemas
-    and grant each component role its ACLs on them (least privilege; see astraflow/broker/acls.py)."""
-    from astraflow.broker.acls import grant_run
+    and grant each component role its ACLs on them (least privilege; see astraflow/acls.py)."""
+    from astraflow.acls import grant_run
     from astraflow.config import load_config
     from astraflow.errors import BrokerError
     from astraflow.log import open_log

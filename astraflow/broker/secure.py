@@ -21,7 +21,7 @@ schema topic); every other principal may do only what its ACLs allow, and with n
 formatted (KRaft's ``--add-scram``), so they exist before any client connects; the format command
 carries them on its command line for the second it runs, where other local users could see them
 in the process list (a dev broker on a shared machine should use ``--home`` on a private disk and
-trust its users). What each component role may do on a run's topics is ``acls.py``.
+trust its users). What each component role may do on a run's topics is ``astraflow/acls.py``.
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from astraflow.config.log import ADMIN, ROLES
 from astraflow.errors import BrokerError
 
 MECHANISM = "SCRAM-SHA-512"
-ADMIN = "admin"
 NODE = "kafka-node"
-ROLES = ("feeder", "producer", "stream", "trainer", "evaluator", "analysis")
-"""The component roles, one principal each (besides ``admin``)."""
 PRINCIPALS = (ADMIN, *ROLES)
+"""``admin`` and the component roles, one SCRAM user each."""
 
 
 def _crypto():
@@ -97,9 +96,14 @@ class SecurityFiles:
         """Create the CA, the node certificate and the passwords unless they exist; returns self."""
         if self.exists():
             return self
-        x509, hashes, serialization, ec, NameOID = _crypto()
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
+        for principal in PRINCIPALS:
+            if not self.password_file(principal).exists():
+                _write_private(self.password_file(principal), (secrets.token_urlsafe(24) + "\n").encode())
+        if all(path.exists() for path in (self.ca, self.ca_key, self.node)):
+            return self
+        x509, hashes, serialization, ec, NameOID = _crypto()
         now = datetime.datetime.now(datetime.timezone.utc)
         ten_years = datetime.timedelta(days=3650)
         ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -146,9 +150,6 @@ class SecurityFiles:
         _write_private(
             self.node, node_key.private_bytes(*pkcs8) + node_cert.public_bytes(pem) + ca_cert.public_bytes(pem)
         )
-        for principal in PRINCIPALS:
-            if not self.password_file(principal).exists():
-                _write_private(self.password_file(principal), (secrets.token_urlsafe(24) + "\n").encode())
         return self
 
     def scram_arguments(self) -> list[str]:

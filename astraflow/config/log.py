@@ -11,6 +11,21 @@ from pydantic import Field, model_validator
 from astraflow.config.base import Section
 from astraflow.errors import ConfigError
 
+ADMIN = "admin"
+"""The principal that creates a run's topics and grants its ACLs (the launcher, ``broker grant``)."""
+COMPONENT_ROLES = {
+    "feed": "feeder",
+    "rollout": "producer",
+    "stream": "stream",
+    "train": "trainer",
+    "evaluate": "evaluator",
+    "scale": "scaler",
+    "analysis": "analysis",
+}
+"""The principal each component logs in as with ``log.security.role_credentials``; anything else
+that opens the log (the launcher, replay, ``broker grant``) is ``admin``."""
+ROLES = tuple(dict.fromkeys(COMPONENT_ROLES.values()))
+
 
 class KafkaSecurity(Section):
     """How the Kafka clients authenticate and encrypt (Kafka only: the embedded log is a file of one
@@ -34,19 +49,34 @@ class KafkaSecurity(Section):
     """With TLS: this client's certificate (PEM), for brokers that authenticate clients by certificate."""
     key_file: str | None = None
     """With ``cert_file``: its private key (PEM, unencrypted)."""
+    role_credentials: str | None = None
+    (
+        "With a ``SASL_*`` protocol, instead of ``username`` and a password: a directory holding "
+        "``<principal>.password`` per principal (``astraflow broker start --secure`` makes ``HOME/security``). "
+        "Each component then logs in as its role (feeder, producer, stream, trainer, evaluator, scaler), "
+        "analysis commands as ``analysis``, and the launcher as ``admin``, which creates the run's topics "
+        "and grants each role its ACLs."
+    )
 
     @model_validator(mode="after")
     def _settings_fit_the_protocol(self) -> "KafkaSecurity":
         sasl_fields = {"sasl_mechanism": self.sasl_mechanism, "username": self.username}
         secrets = {"password_env": self.password_env, "password_file": self.password_file}
         tls_fields = {"ca_file": self.ca_file, "cert_file": self.cert_file, "key_file": self.key_file}
-        if self.sasl:
+        if self.sasl and self.role_credentials:
+            given = [name for name, value in {"username": self.username, **secrets}.items() if value]
+            if given:
+                raise ValueError(f"{', '.join(given)}: not with role_credentials, which names each role's user")
+            if not self.sasl_mechanism:
+                raise ValueError(f"protocol {self.protocol} needs sasl_mechanism")
+        elif self.sasl:
             missing = [name for name, value in sasl_fields.items() if not value]
             if missing:
                 raise ValueError(f"protocol {self.protocol} needs {' and '.join(missing)}")
             if sum(bool(value) for value in secrets.values()) != 1:
                 raise ValueError(f"protocol {self.protocol} needs exactly one of password_env and password_file")
         else:
+            sasl_fields["role_credentials"] = self.role_credentials
             given = [name for name, value in {**sasl_fields, **secrets}.items() if value]
             if given:
                 raise ValueError(f"{', '.join(given)}: only with a SASL_PLAINTEXT or SASL_SSL protocol")
@@ -66,8 +96,26 @@ class KafkaSecurity(Section):
     def tls(self) -> bool:
         return self.protocol.endswith("SSL")
 
-    def password(self) -> str:
-        """The SASL password, read now from ``password_env`` or ``password_file``."""
+    def principal(self, component: str | None = None) -> str | None:
+        """The SASL user ``component`` logs in as (its role with ``role_credentials``); ``None`` without SASL."""
+        if not self.sasl:
+            return None
+        if self.role_credentials:
+            return COMPONENT_ROLES.get(component or "", ADMIN)
+        return self.username
+
+    def password(self, component: str | None = None) -> str:
+        """The SASL password of ``component``'s principal, read now from ``password_env``,
+        ``password_file`` or the role's file in ``role_credentials``."""
+        if self.role_credentials:
+            path = Path(self.role_credentials) / f"{self.principal(component)}.password"
+            try:
+                value = path.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"log.security.role_credentials: cannot read {path}: {exc.strerror}") from exc
+            if not value:
+                raise ConfigError(f"log.security.role_credentials: {path} is empty")
+            return value
         if self.password_env:
             value = os.environ.get(self.password_env)
             if not value:
@@ -82,15 +130,16 @@ class KafkaSecurity(Section):
             raise ConfigError(f"log.security.password_file: {path} is empty")
         return lines[0]
 
-    def client_config(self) -> dict[str, str]:
-        """The librdkafka (confluent-kafka) settings, the password included: for a client, never to print."""
+    def client_config(self, component: str | None = None) -> dict[str, str]:
+        """The librdkafka (confluent-kafka) settings of ``component`` (its principal, with
+        ``role_credentials``), the password included: for a client, never to print."""
         settings = {"security.protocol": self.protocol}
         if self.sasl:
             settings.update(
                 {
                     "sasl.mechanism": self.sasl_mechanism or "",
-                    "sasl.username": self.username or "",
-                    "sasl.password": self.password(),
+                    "sasl.username": self.principal(component) or "",
+                    "sasl.password": self.password(component),
                 }
             )
         for key, value in (
@@ -113,11 +162,11 @@ class LogConfig(Section):
     security: KafkaSecurity = KafkaSecurity()
     """Kafka authentication and encryption, for every client of the run (confluent-kafka and faust alike)."""
 
-    def client_config(self) -> dict[str, str]:
-        """Settings every Kafka client of the run adds (security; the password read now); none for PLAINTEXT."""
+    def client_config(self, component: str | None = None) -> dict[str, str]:
+        """Settings every Kafka client of ``component`` adds (security; the password read now); none for PLAINTEXT."""
         if self.backend != "kafka" or self.security.protocol == "PLAINTEXT":
             return {}
-        return self.security.client_config()
+        return self.security.client_config(component)
 
     @model_validator(mode="after")
     def _kafka_needs_bootstrap(self) -> "LogConfig":

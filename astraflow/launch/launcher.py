@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from astraflow.acls import grant_run
 from astraflow.analysis.report import write_report
 from astraflow.config import RunConfig, dump_config
 from astraflow.context import ComponentContext, open_run_log
@@ -207,6 +208,9 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     topics = RunTopics(config.run, config.workflow, config.policy_names())
     log = open_run_log(config, run_dir)
     topics.ensure(log, config.log.partitions, config.weights.chunk_bytes)
+    if config.log.backend == "kafka" and config.log.security.role_credentials:  # as admin: each role's ACLs
+        grants = grant_run({"bootstrap.servers": config.log.bootstrap, **config.log.client_config()}, topics)
+        logger.info("granted %d ACLs to the component roles of run %s", grants, config.run)
     monitor = RunMonitor(config, run_dir, log, topics)
     recorder = ComponentContext(config, run_dir, "launcher")
     record = RestartRecorder(recorder, lambda: monitor.version)

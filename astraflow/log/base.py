@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 OffsetReset = Literal["earliest", "latest"]
+ASSIGN_GROUP_PREFIX = "astraflow-assign-"
+"""Prefix of the throwaway group of a Kafka consumer opened without one (it only assigns, never commits)."""
 
 
 @dataclass(frozen=True)

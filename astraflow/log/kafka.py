@@ -32,7 +32,16 @@ from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from astraflow.errors import LogError, TopicNotFoundError
-from astraflow.log.base import Consumer, Log, OffsetReset, Producer, TopicPartition, TopicSpec, TransactionalProducer
+from astraflow.log.base import (
+    ASSIGN_GROUP_PREFIX,
+    Consumer,
+    Log,
+    OffsetReset,
+    Producer,
+    TopicPartition,
+    TopicSpec,
+    TransactionalProducer,
+)
 from astraflow.log.kafka_consumer import KafkaConsumer
 from astraflow.log.kafka_producer import KafkaProducer
 from astraflow.log.kafka_transactions import KafkaTransactionalProducer
@@ -41,8 +50,6 @@ logger = logging.getLogger(__name__)
 
 MAX_CLIENT_RECORD_BYTES = 64 * 1024 * 1024
 _TIMEOUT_S = 30.0
-ASSIGN_GROUP_PREFIX = "astraflow-assign-"
-"""Prefix of the throwaway group of a consumer opened without one (it only assigns, never commits)."""
 _RENEW_ADMIN_S = 5.0
 _NOT_FOUND = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 _REFUSED = (

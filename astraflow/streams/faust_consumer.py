@@ -28,9 +28,10 @@ def replication_factor(bootstrap: str, topic: str, client_config: dict[str, Any]
     return len(metadata.topics[topic].partitions[0].replicas)
 
 
-def broker_credentials(security: KafkaSecurity) -> Any:
+def broker_credentials(security: KafkaSecurity, component: str | None = None) -> Any:
     """Faust's credentials (aiokafka's) for ``log.security``: the same protocol, SASL mechanism, user,
-    password, CA and client certificate the confluent-kafka clients get; ``None`` for PLAINTEXT."""
+    password, CA and client certificate the confluent-kafka clients of ``component`` get; ``None``
+    for PLAINTEXT."""
     import ssl
 
     from faust.auth import SASLCredentials, SSLCredentials
@@ -45,8 +46,8 @@ def broker_credentials(security: KafkaSecurity) -> Any:
     if not security.sasl:
         return SSLCredentials(context)
     return SASLCredentials(
-        username=security.username,
-        password=security.password(),
+        username=security.principal(component),
+        password=security.password(component),
         ssl_context=context,
         mechanism=security.sasl_mechanism,
     )

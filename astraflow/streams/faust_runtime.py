@@ -194,9 +194,9 @@ class FaustStreamProcessor(GroupProcessor):
             datadir=str(datadir),
             topic_partitions=partitions,
             topic_replication_factor=replication_factor(
-                ctx.config.log.bootstrap or "", self.source, ctx.config.log.client_config()
+                ctx.config.log.bootstrap or "", self.source, ctx.config.log.client_config(ctx.component)
             ),
-            broker_credentials=broker_credentials(ctx.config.log.security),
+            broker_credentials=broker_credentials(ctx.config.log.security, ctx.component),
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=COMMIT_INTERVAL_S,
             broker_session_timeout=SESSION_TIMEOUT_S,

@@ -190,3 +190,39 @@ def test_the_embedded_log_file_is_its_owners_only(tmp_path: Path) -> None:
         files = [p for p in path.parent.iterdir() if p.name.startswith("log.sqlite")]
         assert {p.name for p in files} >= {"log.sqlite", "log.sqlite-wal"}
         assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o600 for p in files}
+
+
+def test_with_role_credentials_each_component_logs_in_as_its_role(tmp_path: Path) -> None:
+    from astraflow.streams.faust_consumer import broker_credentials
+
+    credentials = tmp_path / "security"
+    credentials.mkdir()
+    for principal in ("admin", "feeder", "producer", "stream", "trainer", "evaluator", "scaler", "analysis"):
+        (credentials / f"{principal}.password").write_text(f"pw-{principal}\n")
+    security = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "role_credentials": str(credentials)}
+    log = parse_config({"log": {"backend": "kafka", "bootstrap": "127.0.0.1:9", "security": security}}).log
+    expected = {
+        "feed": "feeder",
+        "rollout": "producer",
+        "stream": "stream",
+        "train": "trainer",
+        "evaluate": "evaluator",
+        "scale": "scaler",
+        "analysis": "analysis",
+        "launcher": "admin",
+        None: "admin",
+    }
+    for component, principal in expected.items():
+        settings = log.client_config(component)
+        assert (settings["sasl.username"], settings["sasl.password"]) == (principal, f"pw-{principal}"), component
+    faust = broker_credentials(log.security, "stream")
+    assert (faust.username, faust.password) == ("stream", "pw-stream")
+    (credentials / "trainer.password").unlink()
+    with pytest.raises(ConfigError, match="role_credentials: cannot read .*trainer.password"):
+        log.client_config("train")
+    for wrong, problem in (
+        ({**security, "username": "u"}, "username: not with role_credentials"),
+        ({"role_credentials": str(credentials)}, "role_credentials: only with a SASL_PLAINTEXT or SASL_SSL protocol"),
+    ):
+        with pytest.raises(ConfigError, match=problem):
+            parse_config({"log": {"backend": "kafka", "bootstrap": "127.0.0.1:9", "security": wrong}})

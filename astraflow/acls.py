@@ -1,6 +1,7 @@
 """What each component role may do on one run's topics, as Kafka ACLs for the secure broker.
 
-One principal per role (``secure.ROLES``); ``admin`` is a super user and creates the run's topics
+One principal per role (``config.log.ROLES``; ``log.security.role_credentials`` makes each
+component log in as its own); ``admin`` is a super user and creates the run's topics
 and writes the schema topic. Every other principal may do only this on run ``r`` (topics by exact
 name, consumer groups and transactional ids by prefix):
 
@@ -17,6 +18,7 @@ trainer    samples, its ledger, weights                 weights (and deletes old
                                                         feedback; group and transactional ids
                                                         ``r.train.``
 evaluator  weights                                      -
+scaler     metrics, samples; the trainer group's offsets  -
 analysis   every topic of the run                       nothing; groups ``r.analysis.``
 =========  ==========================================  ============================================
 
@@ -29,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from astraflow.broker.secure import ROLES
-from astraflow.log.kafka import ASSIGN_GROUP_PREFIX
+from astraflow.config.log import ROLES
+from astraflow.log.base import ASSIGN_GROUP_PREFIX
 from astraflow.schemas.store import SCHEMA_TOPIC
 from astraflow.topics import RunTopics
 
@@ -63,6 +65,7 @@ def run_grants(topics: RunTopics) -> list[Grant]:
             "delete": weights,
         },
         "evaluator": {"read": weights, "write": []},
+        "scaler": {"read": [topics.metrics(), *(topics.samples(p) for p in policies)], "write": []},
         "analysis": {"read": [spec.name for spec in topics.specs(1)], "write": []},
     }
     prefixes = {
@@ -71,6 +74,7 @@ def run_grants(topics: RunTopics) -> list[Grant]:
         "stream": {"transactional_id": [f"{run}.stream."], "group": [f"{run}.stream."], "topic": [f"{run}.stream."]},
         "trainer": {"transactional_id": [f"{run}.train."], "group": [f"{run}.train."]},
         "evaluator": {"group": [f"{run}.eval."]},
+        "scaler": {"group": [f"{run}.train."]},
         "analysis": {"group": [f"{run}.analysis."]},
     }
     grants: list[Grant] = []

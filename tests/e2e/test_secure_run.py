@@ -1,0 +1,121 @@
+"""The math example on the secure dev broker, every component under its own principal.
+
+``astraflow broker start --secure`` in a temporary home; the run's ``log.security`` names the
+broker's ``security/`` folder as ``role_credentials``, so the launcher logs in as ``admin`` (makes
+the topics, writes the schemas, grants each role its ACLs) and each component as its role (the
+feeder as ``feeder``, the rollout producer as ``producer`` ...), which may do only what
+``astraflow/acls.py`` grants. The run must go through versions on both stream runtimes with no
+component refused anything, and the records show the producers sampled the published versions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from astraflow.broker.local import free_port
+from astraflow.config import parse_config
+from astraflow.log import TopicPartition, open_log
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import Trajectory
+from tests.e2e.conftest import ASTRAFLOW, write_config
+from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def secure_bootstrap(jar_cache: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
+    home, port = tmp_path_factory.mktemp("secure-run") / "broker", free_port()
+    started = subprocess.run(
+        [str(ASTRAFLOW), "broker", "start", "--secure", "--home", str(home), "--port", str(port)]
+        + ["--jars", str(jar_cache)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield f"127.0.0.1:{port}", home / "security"
+    finally:
+        subprocess.run([str(ASTRAFLOW), "broker", "stop", "--home", str(home)], capture_output=True, timeout=120)
+
+
+def reader_config(bootstrap: str, security: dict):
+    return parse_config({"log": {"backend": "kafka", "bootstrap": bootstrap, "security": security}})
+
+
+def acls_on(bootstrap: str, admin: dict, topic: str) -> set[tuple[str, str]]:
+    """(principal, operation) of every ACL on ``topic``, read as the admin."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    client = AdminClient({"bootstrap.servers": bootstrap, **admin})
+    wanted = AclBindingFilter(
+        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, None, None, AclOperation.ANY, AclPermissionType.ANY
+    )
+    return {(acl.principal, acl.operation.name) for acl in client.describe_acls(wanted).result(timeout=30)}
+
+
+@pytest.mark.parametrize("runtime", ["faust", "native"])
+def test_the_math_example_runs_with_a_principal_per_component(
+    secure_bootstrap: tuple[str, Path], run_dir: Path, runtime: str
+) -> None:
+    bootstrap, credentials = secure_bootstrap
+    run = f"secure{runtime}"
+    security = {
+        "protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "role_credentials": str(credentials),
+        "ca_file": str(credentials / "ca.pem"),
+    }
+    config = write_config(
+        run_dir / "test.yaml",
+        run=run,
+        log={"backend": "kafka", "bootstrap": bootstrap, "security": security},
+        stream={"runtime": runtime},
+        stop={"max_versions": 4, "max_minutes": 6},
+    )
+    result = subprocess.run(
+        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    logs = "".join(path.read_text(errors="replace") for path in (run_dir / "logs").glob("*"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:] + logs[-3000:]
+    assert "may not" not in logs and "authorization failed" not in logs.lower(), logs[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] >= 4 and summary["backend"] == "kafka"
+    # the launcher, as admin, granted the run's roles their ACLs (the components' principals are the
+    # roles: tests/unit/test_log_security.py), e.g. the producer's WRITE on the trajectories
+    admin = reader_config(bootstrap, security).log.client_config()
+    assert ("User:producer", "WRITE") in acls_on(bootstrap, admin, f"{run}.trajectories.main")
+    assert ("User:producer", "WRITE") not in acls_on(bootstrap, admin, f"{run}.weights.main")
+
+    # read back as the analysis principal: the producers sampled with published versions
+    reader = reader_config(bootstrap, security)
+    topic, newest = f"{run}.trajectories.main", -1
+    with open_log("kafka", bootstrap=bootstrap, client_config=reader.log.client_config("analysis")) as log:
+        with log.consumer(group_id=None) as consumer:
+            partitions = [TopicPartition(topic, p) for p in range(log.describe_topic(topic).partitions)]
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(partitions)
+            while any(consumer.lag().values()):
+                for message in consumer.poll(max_records=1000, timeout=2.0):
+                    versions = Codec().decode(message.value, expect=Trajectory).token_versions
+                    newest = max(newest, int(versions.max()))
+        with pytest.raises(Exception, match="principal User:analysis may not write"):
+            with log.producer() as producer:
+                producer.send(f"{run}.weights.main", b"forged", partition=0)
+                producer.flush()
+    assert newest >= 2
