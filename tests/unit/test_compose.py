@@ -122,3 +122,10 @@ def test_dockerfile_installs_the_locked_package() -> None:
     assert 'ENTRYPOINT ["astraflow"]' in DOCKERFILE
     ignored = (REPO / ".dockerignore").read_text().split()
     assert not {"uv.lock", "pyproject.toml", "astraflow", "examples"} & set(ignored)
+
+
+def test_no_port_is_published_beyond_loopback() -> None:
+    """The stack runs PLAINTEXT Kafka and a Kafka UI without login: reachable from this machine only."""
+    published = [(name, port) for name, service in SERVICES.items() for port in service.get("ports", [])]
+    assert published
+    assert [(name, port) for name, port in published if not str(port).startswith("127.0.0.1:")] == []
