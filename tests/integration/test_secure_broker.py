@@ -39,24 +39,46 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(ASTRAFLOW), *args], capture_output=True, text=True, timeout=400)
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=["1-node", "3-nodes"])
-def secure_broker(request: pytest.FixtureRequest, jar_cache: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
-    """A secure broker of one node, or of three (TLS between them too), with the run ``sec`` granted."""
-    nodes = request.param
-    home = tmp_path_factory.mktemp("secure") / "broker"
+def start_secure(home: Path, jar_cache: Path, nodes: int):  # noqa: F811
+    """Start a secure broker of ``nodes`` nodes in ``home`` and grant the run ``sec``; its bootstrap."""
     port = free_port() if nodes == 1 else three_free_ports()
     size = [] if nodes == 1 else ["--nodes", str(nodes), "--timeout", "180"]
     started = cli(
         "broker", "start", "--secure", *size, "--home", str(home), "--port", str(port), "--jars", str(jar_cache)
     )
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "secure: SASL_SSL, SCRAM-SHA-512" in started.stdout
+    bootstrap = ",".join(f"127.0.0.1:{port + n}" for n in range(nodes))
+    config = write_config_over(EXAMPLE, home.parent / "run.yaml", run="sec", log={"bootstrap": bootstrap})
+    granted = cli("broker", "grant", str(config), "--home", str(home))
+    assert granted.returncode == 0, granted.stdout + granted.stderr
+    return bootstrap
+
+
+@pytest.fixture(scope="module")
+def secure_broker(jar_cache: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
+    """A secure single-node broker with the run ``sec`` granted."""
+    home = tmp_path_factory.mktemp("secure") / "broker"
     try:
-        assert started.returncode == 0, started.stdout + started.stderr
-        assert "secure: SASL_SSL, SCRAM-SHA-512" in started.stdout
-        bootstrap = ",".join(f"127.0.0.1:{port + n}" for n in range(nodes))
-        config = write_config_over(EXAMPLE, home.parent / "run.yaml", run="sec", log={"bootstrap": bootstrap})
-        granted = cli("broker", "grant", str(config), "--home", str(home))
-        assert granted.returncode == 0, granted.stdout + granted.stderr
-        yield bootstrap, SecurityFiles(home / "security")
+        yield start_secure(home, jar_cache, 1), SecurityFiles(home / "security")
+    finally:
+        cli("broker", "stop", "--home", str(home))
+
+
+def test_three_secure_nodes_replicate_over_tls_and_enforce_the_acls(jar_cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    home = tmp_path / "cluster"
+    try:
+        bootstrap = start_secure(home, jar_cache, 3)
+        files = SecurityFiles(home / "security")
+        with as_principal(bootstrap, files, "producer") as log:
+            write(log, RUN.trajectories("main"))  # acks=all: on two of the three nodes
+            with pytest.raises(DeliveryError, match="principal User:producer may not WRITE topic sec.weights.main"):
+                write(log, RUN.weights("main"))
+        with as_principal(bootstrap, files, "trainer") as log:
+            write(log, RUN.weights("main"), partition=1)
+        bad = {**files.client_config("producer"), "sasl.password": "wrong"}
+        with pytest.raises(LogError, match="refused user 'producer'"):
+            open_log("kafka", bootstrap=bootstrap, client_config=bad)
     finally:
         cli("broker", "stop", "--home", str(home))
 
