@@ -71,7 +71,7 @@ class NoWeights:
 
 
 def producer(ctx, monkeypatch: pytest.MonkeyPatch, region: str, engine: ScriptedEngine) -> RolloutProducer:
-    monkeypatch.setattr(rollout, "WeightFollower", NoWeights)
+    monkeypatch.setattr(rollout, "follow_weights", lambda ctx, policy, payload: NoWeights())
     monkeypatch.setattr(rollout, "base_checkpoint_path", lambda config, run_dir: run_dir)
     monkeypatch.setattr(rollout, "build_engine", lambda config, checkpoint: engine)
     return RolloutProducer(ctx, region=region)

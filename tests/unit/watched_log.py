@@ -62,8 +62,8 @@ def main() -> None:
 
     real = astraflow.context.open_run_log
 
-    def failing(config, run_dir) -> WatchedLog:
-        log = WatchedLog(real(config, run_dir))
+    def failing(config, run_dir, component=None) -> WatchedLog:
+        log = WatchedLog(real(config, run_dir, component))
         log.fail.set()
         return log
 
