@@ -8,7 +8,9 @@ demo:
 	.venv/bin/astraflow run examples/math/config.yaml --run-dir runs/demo
 
 # Lint (ruff, import-linter's layer contracts), then the test suite; it starts a real Apache Kafka
-# broker itself (Docker if present, else local jars).
+# broker itself (Docker if present, else local jars). Unit and integration tests run on two workers
+# (each with its own broker): many of them wait on a broker or a subprocess; the end-to-end runs
+# then follow one at a time, as each keeps both cores busy and some train for a set time.
 # DeepSpeed (CPU, gloo) and a CPU build of vLLM in its own virtualenv back the engine/backend tests.
 test:
 	scripts/setup.sh test deepspeed
@@ -17,4 +19,5 @@ test:
 	.venv/bin/ruff check astraflow tests benchmarks
 	.venv/bin/ruff format --check astraflow tests benchmarks
 	.venv/bin/lint-imports
-	.venv/bin/python -m pytest -q --durations=25
+	.venv/bin/python -m pytest -q --durations=15 -n 2 tests/unit tests/integration
+	.venv/bin/python -m pytest -q --durations=15 tests/e2e tests/gpu
