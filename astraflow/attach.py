@@ -83,14 +83,15 @@ def open_run(
     return AttachedRun(config, directory, open_run_log_readonly(config, directory))
 
 
-def open_run_log_readonly(config: RunConfig, run_dir: Path) -> Log:
-    """The run's log; unlike the components, never creates an empty embedded log file."""
+def open_run_log_readonly(config: RunConfig, run_dir: Path, component: str = "analysis") -> Log:
+    """The run's log, on Kafka as ``component``'s principal (``analysis``: read only); unlike the
+    components, never creates an empty embedded log file."""
     if config.log.backend == "embedded":
         path = RunDir(run_dir).log
         if not path.exists():
             raise ConfigError(f"{run_dir}: no log.sqlite, so no embedded log to attach to")
         return open_log("embedded", path=path)
-    security = config.log.client_config("analysis")
+    security = config.log.client_config(component)
     return open_log(config.log.backend, bootstrap=config.log.bootstrap, client_config=security)
 
 

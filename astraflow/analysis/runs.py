@@ -23,6 +23,7 @@ from pathlib import Path
 from astraflow.analysis.stats import GroupLag, group_lag
 from astraflow.attach import offsets_at, open_run_log_readonly
 from astraflow.config import RunConfig, load_config, parse_config
+from astraflow.config.log import KafkaSecurity, security_client_config
 from astraflow.errors import ConfigError, LogError
 from astraflow.log import Log, open_log
 from astraflow.rundir import RunDir
@@ -113,35 +114,40 @@ class RunRef:
     run_dir: Path | None
     config: RunConfig | None
     bootstrap: str | None = None
+    security: KafkaSecurity | None = None
+    """How to log in to ``bootstrap`` when the run has no config here (``--security``)."""
 
     @property
     def backend(self) -> str:
         return self.config.log.backend if self.config is not None else "kafka"
 
-    def open_log(self) -> Log:
+    def open_log(self, component: str = "analysis") -> Log:
+        """The run's log, on Kafka as ``component``'s principal (``analysis`` reads; deleting is ``admin``'s)."""
         if self.config is not None:
-            return open_run_log_readonly(self.config, self.run_dir or Path("."))
-        return open_log("kafka", bootstrap=self.bootstrap)
+            return open_run_log_readonly(self.config, self.run_dir or Path("."), component)
+        return open_log(
+            "kafka", bootstrap=self.bootstrap, client_config=security_client_config(self.security, component)
+        )
 
 
-def resolve_run(run: str, root: Path, bootstrap: str | None = None) -> RunRef:
+def resolve_run(run: str, root: Path, bootstrap: str | None = None, security: KafkaSecurity | None = None) -> RunRef:
     """``run`` as a run directory path, a directory name under ``root``, or (with ``bootstrap``) a
-    run namespace on that Kafka cluster."""
+    run namespace on that Kafka cluster (logging in with ``security``)."""
     for candidate in (Path(run), root / run):
         if RunDir(candidate).looks_like_run():
             config = dir_config(candidate, bootstrap)
-            return RunRef(config.run, candidate, config, bootstrap)
+            return RunRef(config.run, candidate, config, bootstrap, security)
     if bootstrap:
-        return RunRef(run, None, None, bootstrap)
+        return RunRef(run, None, None, bootstrap, security)
     raise ConfigError(f"no run {run!r}: not a run directory, nor one under {root}; for a Kafka run give --bootstrap")
 
 
-def list_runs(root: Path, bootstrap: str | None = None) -> list[RunInfo]:
+def list_runs(root: Path, bootstrap: str | None = None, security: KafkaSecurity | None = None) -> list[RunInfo]:
     """Every run directory under ``root`` (embedded ones with their topics), and with ``bootstrap``
-    every run namespace on that cluster that has no directory here."""
+    every run namespace on that cluster (reached with ``security``) that has no directory here."""
     infos = []
     for run_dir in run_dirs(root):
-        ref = resolve_run(str(run_dir), root, bootstrap)
+        ref = resolve_run(str(run_dir), root, bootstrap, security)
         if ref.backend == "embedded" or bootstrap:
             with ref.open_log() as log:
                 infos.append(describe_run(log, ref.name, run_dir, ref.backend, details=False))
@@ -152,7 +158,7 @@ def list_runs(root: Path, bootstrap: str | None = None) -> list[RunInfo]:
             infos.append(info)
     if bootstrap:
         known = {info.name for info in infos if info.backend == "kafka"}
-        with open_log("kafka", bootstrap=bootstrap) as log:
+        with open_log("kafka", bootstrap=bootstrap, client_config=security_client_config(security, "analysis")) as log:
             infos += [
                 describe_run(log, name, None, "kafka", details=False) for name in namespaces(log) if name not in known
             ]
@@ -167,7 +173,7 @@ def show_run(ref: RunRef) -> RunInfo:
 def remove_run(ref: RunRef, force: bool = False) -> list[str]:
     """Delete the run's topics, then its directory unless that directory's log holds another run;
     return what was removed. A live run is refused unless ``force``."""
-    with ref.open_log() as log:
+    with ref.open_log(component="admin") as log:
         if run_status(log, ref.name, ref.run_dir) == "live" and not force:
             raise ConfigError(
                 f"run {ref.name!r} is live (metrics in the last {LIVE_S:.0f} s); stop it first or pass --force"

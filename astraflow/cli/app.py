@@ -22,6 +22,18 @@ BackendOpt = Annotated[
 BootstrapOpt = Annotated[
     Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap servers (overrides log.bootstrap).")
 ]
+SecurityOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--security",
+        exists=True,
+        dir_okay=False,
+        help=(
+            "With --bootstrap: a YAML file holding the cluster's log.security (a run config, or the section "
+            "alone); with role_credentials the command logs in as `analysis` (runs rm: `admin`)."
+        ),
+    ),
+]
 PolicyOpt = Annotated[
     Optional[str], typer.Option("--policy", help="Which of the config's policies (required when it declares several).")
 ]

@@ -8,8 +8,27 @@ from typing import Annotated, Optional
 
 import typer
 
-from astraflow.cli.app import BootstrapOpt, RunDirOpt, app
+from astraflow.cli.app import BootstrapOpt, RunDirOpt, SecurityOpt, app
 from astraflow.rundir import RunDir
+
+
+def _topic_log(command: str, run_dir: Path | None, bootstrap: str | None, security: Path | None):
+    """The log ``tail`` and ``export`` read: a run directory's embedded log, or a Kafka cluster
+    reached by ``bootstrap`` as the ``analysis`` principal of ``security``."""
+    from astraflow.config.log import load_security, security_client_config
+    from astraflow.errors import ConfigError
+    from astraflow.log import open_log
+
+    if (run_dir is None) == (bootstrap is None):
+        raise ConfigError(f"{command}: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
+    if bootstrap is None:
+        if security is not None:
+            raise ConfigError(f"{command}: --security is for --bootstrap (an embedded log has no security settings)")
+        if not RunDir(run_dir).log.exists():
+            raise ConfigError(f"--run-dir {run_dir}: no log.sqlite there")
+        return open_log("embedded", path=RunDir(run_dir).log)
+    settings = security_client_config(load_security(security) if security else None, "analysis")
+    return open_log("kafka", bootstrap=bootstrap, client_config=settings)
 
 
 @app.command()
@@ -17,6 +36,7 @@ def tail(
     topic: Annotated[str, typer.Argument(help="Topic to read, e.g. main.trajectories.main")],
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory of an embedded log.")] = None,
     bootstrap: BootstrapOpt = None,
+    security: SecurityOpt = None,
     group: Annotated[Optional[str], typer.Option(help="Consumer group (default: none, nothing committed).")] = None,
     from_beginning: Annotated[
         bool, typer.Option("--from-beginning", help="Start at the oldest record instead of the end.")
@@ -34,13 +54,9 @@ def tail(
     """Print the records of any topic as JSON lines (Avro decoded), optionally filtered."""
     from astraflow.analysis.record_filter import RecordFilter
     from astraflow.analysis.tail import tail_topic
-    from astraflow.errors import ConfigError
-    from astraflow.log import open_log
 
-    if (run_dir is None) == (bootstrap is None):
-        raise ConfigError("tail: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
     select = RecordFilter.parse(policy, min_version, where or [])
-    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=RunDir(run_dir).log)
+    log = _topic_log("tail", run_dir, bootstrap, security)
     with log:
         for line in tail_topic(
             log,
@@ -137,17 +153,12 @@ def export(
     to: Annotated[str, typer.Option(help="Format: jsonl or parquet.")] = "jsonl",
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run directory of an embedded log.")] = None,
     bootstrap: BootstrapOpt = None,
+    security: SecurityOpt = None,
 ) -> None:
     """Write a topic's records (Avro decoded) as jsonl or parquet, for pandas or HF datasets."""
     from astraflow.analysis.export import export_topic
-    from astraflow.errors import ConfigError
-    from astraflow.log import open_log
 
-    if (run_dir is None) == (bootstrap is None):
-        raise ConfigError("export: give exactly one of --run-dir (embedded log) or --bootstrap (Kafka)")
-    if run_dir is not None and not RunDir(run_dir).log.exists():
-        raise ConfigError(f"--run-dir {run_dir}: no log.sqlite there")
-    log = open_log("kafka", bootstrap=bootstrap) if bootstrap else open_log("embedded", path=RunDir(run_dir).log)
+    log = _topic_log("export", run_dir, bootstrap, security)
     with log:
         result = export_topic(log, topic, to, out)
     skipped = ", ".join(f"{count} {reason}" for reason, count in result.skipped.items())
@@ -161,15 +172,21 @@ app.add_typer(runs_app, name="runs")
 RunsRootOpt = Annotated[Path, typer.Option("--root", help="Folder holding the run directories.")]
 
 
+def _security(path: Path | None):
+    from astraflow.config.log import load_security
+
+    return load_security(path) if path is not None else None
+
+
 @runs_app.command("ls")
-def runs_ls(root: RunsRootOpt = Path("runs"), bootstrap: BootstrapOpt = None) -> None:
+def runs_ls(root: RunsRootOpt = Path("runs"), bootstrap: BootstrapOpt = None, security: SecurityOpt = None) -> None:
     """Every run: directories under --root, and with --bootstrap the run namespaces on that cluster."""
     from rich.console import Console
 
     from astraflow.analysis.runs import list_runs
     from astraflow.analysis.runs_view import render_runs
 
-    Console().print(render_runs(list_runs(root, bootstrap)))
+    Console().print(render_runs(list_runs(root, bootstrap, _security(security))))
 
 
 @runs_app.command("show")
@@ -179,6 +196,7 @@ def runs_show(
     ],
     root: RunsRootOpt = Path("runs"),
     bootstrap: BootstrapOpt = None,
+    security: SecurityOpt = None,
 ) -> None:
     """A run's status, topics (partitions, retention, records), consumer-group lag and summary."""
     from rich.console import Console
@@ -186,7 +204,7 @@ def runs_show(
     from astraflow.analysis.runs import resolve_run, show_run
     from astraflow.analysis.runs_view import render_run
 
-    Console().print(render_run(show_run(resolve_run(run_name, root, bootstrap))))
+    Console().print(render_run(show_run(resolve_run(run_name, root, bootstrap, _security(security)))))
 
 
 @runs_app.command("rm")
@@ -196,13 +214,14 @@ def runs_rm(
     ],
     root: RunsRootOpt = Path("runs"),
     bootstrap: BootstrapOpt = None,
+    security: SecurityOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     force: Annotated[bool, typer.Option(help="Delete even a live run.")] = False,
 ) -> None:
     """Delete a run's topics and its run directory."""
     from astraflow.analysis.runs import remove_run, resolve_run
 
-    ref = resolve_run(run_name, root, bootstrap)
+    ref = resolve_run(run_name, root, bootstrap, _security(security))
     where = f"directory {ref.run_dir} and " if ref.run_dir else ""
     if not yes:
         typer.confirm(f"delete the {where}topics {ref.name}.* of run {ref.name!r}?", abort=True)

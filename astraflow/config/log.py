@@ -152,6 +152,38 @@ class KafkaSecurity(Section):
         return settings
 
 
+def load_security(path: Path) -> KafkaSecurity:
+    """The ``log.security`` section in the YAML file ``path``: a run config (its ``log.security``) or
+    the section alone, for commands that reach a cluster by ``--bootstrap`` without a run config."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"--security {path}: cannot read it: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--security {path}: not YAML: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("log"), dict):
+        data = data["log"].get("security")
+        if data is None:
+            raise ConfigError(f"--security {path}: a run config without log.security")
+    if not isinstance(data, dict):
+        raise ConfigError(f"--security {path}: expected a log.security mapping (protocol, sasl_mechanism, ...)")
+    try:
+        return KafkaSecurity.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'security'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"--security {path}: {problems}") from exc
+
+
+def security_client_config(security: KafkaSecurity | None, component: str | None) -> dict[str, str]:
+    """The Kafka client settings of ``component`` under ``security`` (none when it is unset or PLAINTEXT)."""
+    if security is None or security.protocol == "PLAINTEXT":
+        return {}
+    return security.client_config(component)
+
+
 class LogConfig(Section):
     backend: Literal["embedded", "kafka"] = "embedded"
     """Which log joins the components: a SQLite file in the run directory, or Apache Kafka."""

@@ -197,6 +197,8 @@ class KafkaLog(Log):
         except KafkaException as exc:
             if exc.args[0].code() in _NOT_FOUND:
                 raise TopicNotFoundError(f"topic {name!r} does not exist") from exc
+            if exc.args[0].code() in _REFUSED:
+                raise self._may_not("DELETE", f"topic {name!r}", exc.args[0]) from exc
             raise LogError(f"deleting topic {name!r} failed: {exc.args[0].str()}") from exc
         self._wait_for(name, lambda meta: meta is None)
 

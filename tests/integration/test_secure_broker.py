@@ -172,3 +172,39 @@ def test_an_analysis_principal_reads_everything_and_writes_nothing(secure_broker
             from astraflow.log.base import TopicSpec
 
             log.create_topic(TopicSpec("sec.extra", partitions=1))
+
+
+def test_analysis_commands_reach_the_secure_cluster_with_security_and_write_nothing(
+    secure_broker, tmp_path: Path
+) -> None:
+    """``tail``, ``export`` and ``runs`` given only ``--bootstrap`` log in through ``--security``: a run
+    config whose ``log.security`` names the roles' credentials, so they read as ``analysis``."""
+    import yaml
+
+    bootstrap, files = secure_broker
+    with as_principal(bootstrap, files, "producer") as log:
+        write(log, RUN.trajectories("main"), partition=0)  # not Avro: export counts it as skipped
+    security = {
+        "protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "role_credentials": str(files.directory),
+        "ca_file": str(files.ca),
+    }
+    run_config = tmp_path / "run.yaml"
+    run_config.write_text(yaml.safe_dump({"log": {"backend": "kafka", "bootstrap": bootstrap, "security": security}}))
+    listed = cli(
+        "runs", "ls", "--root", str(tmp_path / "none"), "--bootstrap", bootstrap, "--security", str(run_config)
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "sec" in listed.stdout
+    out = tmp_path / "trajectories.jsonl"
+    topic = RUN.trajectories("main")
+    exported = cli("export", topic, "--out", str(out), "--bootstrap", bootstrap, "--security", str(run_config))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert f"{out}: 0 records (skipped:" in exported.stdout  # it read the raw probes, as analysis
+    # runs rm deletes as admin; with a single analysis user it is refused by the broker, by name.
+    analysis_only = tmp_path / "analysis.yaml"
+    analysis_only.write_text(yaml.safe_dump(files.log_security("analysis")))
+    refused = cli("runs", "rm", "sec", "--bootstrap", bootstrap, "--security", str(analysis_only), "--yes", "--force")
+    assert refused.returncode != 0
+    assert "principal User:analysis may not DELETE topic 'sec." in refused.stdout + refused.stderr

@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -226,3 +227,28 @@ def test_with_role_credentials_each_component_logs_in_as_its_role(tmp_path: Path
     ):
         with pytest.raises(ConfigError, match=problem):
             parse_config({"log": {"backend": "kafka", "bootstrap": "127.0.0.1:9", "security": wrong}})
+
+
+def test_a_security_file_is_a_run_config_or_the_section_alone_and_its_mistakes_are_named(tmp_path: Path) -> None:
+    from astraflow.config.log import load_security, security_client_config
+
+    section = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "role_credentials": str(tmp_path)}
+    (tmp_path / "analysis.password").write_text("s3cret\n")
+    alone, run = tmp_path / "alone.yaml", tmp_path / "run.yaml"
+    alone.write_text(yaml.safe_dump(section))
+    run.write_text(yaml.safe_dump({"run": "r", "log": {"backend": "kafka", "security": section}}))
+    for path in (alone, run):
+        settings = security_client_config(load_security(path), "analysis")
+        assert settings["sasl.username"] == "analysis" and settings["sasl.password"] == "s3cret"
+    assert security_client_config(None, "analysis") == {}
+    for text, named in [
+        ("run: r\nlog: {backend: kafka}\n", "a run config without log.security"),
+        ("- protocol\n", "expected a log.security mapping"),
+        ("protocol: SASL_SSL\n", "needs sasl_mechanism and username"),
+        ("protocol: SSL\nbogus: 1\n", "bogus"),
+        ("protocol: [unclosed\n", "not YAML"),
+    ]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=named):
+            load_security(bad)
