@@ -159,9 +159,29 @@ def stop(
 def grant(
     config: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Run config (YAML).")],
     home: HomeOpt = None,
+    bootstrap: Annotated[
+        Optional[str],
+        typer.Option(
+            "--bootstrap",
+            help=(
+                "Grant on this cluster instead of the broker of a local home (the compose stack's), logging in as"
+                " admin with --security or else the config's log.security."
+            ),
+        ),
+    ] = None,
+    security: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--security",
+            exists=True,
+            dir_okay=False,
+            help="With --bootstrap: a YAML file holding the cluster's log.security (a run config, or the section).",
+        ),
+    ] = None,
 ) -> None:
-    """On the secure broker of this home, as its admin: create the run's topics, write the schemas
-    and grant each component role its ACLs on them (least privilege; see astraflow/acls.py)."""
+    """On a secure cluster, as its admin: create the run's topics, write the schemas and grant each
+    component role its ACLs on them (least privilege; see astraflow/acls.py). The cluster is the
+    secure broker of a local home, or with --bootstrap any secure cluster."""
     from astraflow.acls import grant_run
     from astraflow.config import load_config
     from astraflow.errors import BrokerError
@@ -169,14 +189,95 @@ def grant(
     from astraflow.schemas.store import LogSchemaStore
     from astraflow.topics import RunTopics
 
-    broker = _cluster(home) or _broker(home)
-    if broker.security is None:
-        raise BrokerError(f"the broker in {broker.home} is not secure: ACLs need `astraflow broker start --secure`")
     run = load_config(config)
+    if bootstrap is not None:
+        if home is not None:
+            raise BrokerError("--home and --bootstrap: give one, the local broker or another cluster")
+        target, admin = bootstrap, _admin_of(run.log.security, security)
+    else:
+        if security is not None:
+            raise BrokerError("--security goes with --bootstrap: a local home's broker has its own credentials")
+        broker = _cluster(home) or _broker(home)
+        if broker.security is None:
+            raise BrokerError(f"the broker in {broker.home} is not secure: ACLs need `astraflow broker start --secure`")
+        target, admin = broker.bootstrap, broker.client_config("admin")
     topics = RunTopics(run.run, run.workflow, run.policy_names())
-    admin = broker.client_config("admin")
-    with open_log("kafka", bootstrap=broker.bootstrap, client_config=admin) as log:
+    with open_log("kafka", bootstrap=target, client_config=admin) as log:
         topics.ensure(log, run.log.partitions, run.weights.chunk_bytes)
         LogSchemaStore(log).close()
-    count = grant_run({"bootstrap.servers": broker.bootstrap, **admin}, topics)
-    typer.echo(f"run {run.run!r}: topics made, schemas written, {count} ACLs granted on {broker.bootstrap}")
+    count = grant_run({"bootstrap.servers": target, **admin}, topics)
+    typer.echo(f"run {run.run!r}: topics made, schemas written, {count} ACLs granted on {target}")
+
+
+def _admin_of(configured, security_file: Optional[Path]) -> dict[str, str]:
+    """The admin's client settings under ``security_file``'s log.security, else the run config's
+    (``configured``): with ``role_credentials`` the admin's own, else the one user it names."""
+    from astraflow.config.log import load_security
+    from astraflow.errors import BrokerError
+
+    security = load_security(security_file) if security_file is not None else configured
+    if not security.sasl:
+        raise BrokerError(
+            f"--bootstrap: log.security has protocol {security.protocol}; ACLs need SASL principals"
+            " (give --security with a SASL_SSL section, e.g. the compose stack's log-security.yaml)"
+        )
+    return security.client_config()
+
+
+@broker_app.command("secure-config")
+def secure_config(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write into (the compose stack's security volume).")],
+    hosts: Annotated[
+        str, typer.Option("--hosts", help="The nodes' hostnames, comma-separated: node 1, 2, ... (kafka,kafka-2,...).")
+    ],
+    external: Annotated[
+        Optional[str],
+        typer.Option(
+            "--external",
+            help=(
+                "Per host, in order, the host:port clients outside the container network reach it at (a port"
+                " published on the host): each node then has a second SASL_SSL listener on --external-port."
+            ),
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="Client port (SASL_SSL) inside the network.")] = 9092,
+    internal_port: Annotated[
+        int, typer.Option("--internal-port", help="Replication port (mutual TLS between the nodes).")
+    ] = 9091,
+    controller_port: Annotated[
+        int, typer.Option("--controller-port", help="KRaft controller port (mutual TLS).")
+    ] = 9093,
+    external_port: Annotated[
+        int, typer.Option("--external-port", help="Container port of the --external listener.")
+    ] = 9094,
+    bind: Annotated[str, typer.Option("--bind", help="Interface every listener binds.")] = "0.0.0.0",
+    data_dir: Annotated[str, typer.Option("--data-dir", help="The nodes' log.dirs.")] = "/var/lib/kafka/data",
+    owner: Annotated[
+        Optional[str],
+        typer.Option("--owner", help="UID:GID to hand every file to: the user the Kafka image runs as (1000:1000)."),
+    ] = None,
+) -> None:
+    """Write the secure nodes' configuration for containers: CA, node certificate, passwords, each node's
+    server.properties (the settings of `broker start --secure`), and what the nodes' format step, their
+    healthcheck and the AstraFlow services read (docker-compose.secure.yml runs it)."""
+    from astraflow.broker.container import ContainerNodes, parse_owner, write_secure_config
+
+    nodes = ContainerNodes(
+        hosts=tuple(_names(hosts)),
+        port=port,
+        internal_port=internal_port,
+        controller_port=controller_port,
+        external=tuple(_names(external or "")),
+        external_port=external_port,
+        bind=bind,
+        data_dir=data_dir,
+    )
+    files = write_secure_config(out, nodes, parse_owner(owner) if owner else None)
+    typer.echo(
+        f"secure configuration for {', '.join(nodes.hosts)} in {files.directory}: CA, node certificate for"
+        f" {', '.join(files.hosts)}, a password per principal, {len(nodes.hosts)} server.properties"
+    )
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]

@@ -40,7 +40,8 @@ from importlib import resources
 from pathlib import Path
 
 from astraflow.broker.jars import KAFKA_VERSION, fetch_jars
-from astraflow.broker.secure import SecurityFiles, server_settings
+from astraflow.broker.secure import NodeAddress, SecurityFiles
+from astraflow.broker.settings import node_settings, properties_text
 from astraflow.errors import BrokerError
 
 logger = logging.getLogger(__name__)
@@ -274,38 +275,11 @@ class LocalKafkaBroker:
         if self.security is not None:
             meta.update({"secure": True, "internal_port": self.internal_port})
         (self.home / "broker.json").write_text(json.dumps(meta, indent=2) + "\n")
-        replicas, in_sync = str(self.replicas), str(min(2, self.replicas))
-        settings = {
-            "process.roles": "broker,controller",
-            "node.id": str(self.node_id),
-            "controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{port}" for n, port in sorted(self.voters.items())),
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self._data_dir),
-            "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": replicas,
-            "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": replicas,
-            "transaction.state.log.min.isr": in_sync,
-            "transaction.state.log.num.partitions": "10",
-            "share.coordinator.state.topic.replication.factor": replicas,
-            "share.coordinator.state.topic.min.isr": in_sync,
-            # topics made without a replication factor (every topic of a run) get ``replicas``, and
-            # an acks=all write is acknowledged once ``in_sync`` of them hold it
-            "default.replication.factor": replicas,
-            "min.insync.replicas": in_sync,
-            "replica.fetch.max.bytes": str(16 * 1024 * 1024),
-            "group.initial.rebalance.delay.ms": "0",
-            "group.min.session.timeout.ms": "1000",
-            "message.max.bytes": str(16 * 1024 * 1024),
-        }
-        if self.security is not None:
-            settings.update(server_settings(self.security, self.port, self.internal_port, self.controller_port))
+        address = NodeAddress(self.port, self.controller_port, self.internal_port)
+        voters = {n: f"127.0.0.1:{port}" for n, port in self.voters.items()}
+        settings = node_settings(self.node_id, voters, address, self._data_dir, self.replicas, self.security)
         props = self.home / "server.properties"
-        props.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        props.write_text(properties_text(settings))
         return props
 
     def _format(self, java: str, libs: Path, props: Path) -> None:

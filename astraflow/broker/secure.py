@@ -22,6 +22,11 @@ formatted (KRaft's ``--add-scram``), so they exist before any client connects; t
 carries them on its command line for the second it runs, where other local users could see them
 in the process list (a dev broker on a shared machine should use ``--home`` on a private disk and
 trust its users). What each component role may do on a run's topics is ``astraflow/acls.py``.
+
+The compose stack's secure variant (``docker-compose.secure.yml``) runs the same nodes: ``astraflow
+broker secure-config`` (``container.py``) writes these files and ``server_settings`` into a volume,
+with listeners that bind the container's interfaces and advertise its hostname (``NodeAddress``),
+and a node certificate that names those hostnames too.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ MECHANISM = "SCRAM-SHA-512"
 NODE = "kafka-node"
 PRINCIPALS = (ADMIN, *ROLES)
 """``admin`` and the component roles, one SCRAM user each."""
+LOOPBACK = ("localhost", "127.0.0.1")
+_VALIDITY = datetime.timedelta(days=3650)
+_JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required"
 
 
 def _crypto():
@@ -53,7 +61,21 @@ def _crypto():
     return x509, hashes, serialization, ec, NameOID
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def _pkcs8(serialization) -> tuple:
+    """``private_bytes`` arguments for an unencrypted PEM key: the form Kafka's PEM keystore reads."""
+    return serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+
+
+def _san(x509, host: str):
+    """A subject alternative name for ``host``: an IP address entry for an address, else a DNS name."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner may read: created 0600, so it is never readable by others, not even briefly."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(data)
@@ -62,9 +84,13 @@ def _write_private(path: Path, data: bytes) -> None:
 
 @dataclass(frozen=True)
 class SecurityFiles:
-    """The TLS material and passwords of one secure broker home (``HOME/security``)."""
+    """The TLS material and passwords of one secure broker home (``HOME/security``), or of the
+    security volume of the compose stack (``container.py``)."""
 
     directory: Path
+    hosts: tuple[str, ...] = LOOPBACK
+    """What the node certificate is valid for (its SANs): the names and addresses clients and the
+    other nodes reach a node by. Loopback for the local broker; the container hostnames too in compose."""
 
     @property
     def ca(self) -> Path:
@@ -93,48 +119,63 @@ class SecurityFiles:
         )
 
     def make(self) -> "SecurityFiles":
-        """Create the CA, the node certificate and the passwords unless they exist; returns self."""
-        if self.exists():
+        """Create what is missing: passwords, the CA, and a node certificate for ``hosts``; returns self.
+
+        Idempotent, so every start may call it: passwords and the CA are never replaced (the SCRAM
+        credentials formatted into the storage and every client's trust depend on them); the node
+        certificate is re-issued from the same CA when it does not name every host, so a home or a
+        volume reused with more host names keeps working."""
+        if self.exists() and self._node_covers_hosts():
             return self
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         for principal in PRINCIPALS:
             if not self.password_file(principal).exists():
-                _write_private(self.password_file(principal), (secrets.token_urlsafe(24) + "\n").encode())
-        if all(path.exists() for path in (self.ca, self.ca_key, self.node)):
-            return self
+                write_private(self.password_file(principal), (secrets.token_urlsafe(24) + "\n").encode())
+        fresh_ca = not (self.ca.exists() and self.ca_key.exists())
+        if fresh_ca:
+            self._make_ca()
+        if fresh_ca or not self.node.exists() or not self._node_covers_hosts():
+            self._issue_node()
+        return self
+
+    def _make_ca(self) -> None:
+        """A self-signed CA that may sign only end certificates (``path_length=0``): what clients trust."""
         x509, hashes, serialization, ec, NameOID = _crypto()
         now = datetime.datetime.now(datetime.timezone.utc)
-        ten_years = datetime.timedelta(days=3650)
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "astraflow local CA")])
-        ca_cert = (
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "astraflow local CA")])
+        cert = (
             x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + ten_years)
+            .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-            .sign(ca_key, hashes.SHA256())
+            .sign(key, hashes.SHA256())
         )
-        node_key = ec.generate_private_key(ec.SECP256R1())
-        node_cert = (
+        write_private(self.ca_key, key.private_bytes(*_pkcs8(serialization)))
+        self.ca.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def _issue_node(self) -> None:
+        """Sign the node certificate (``CN=kafka-node``, a SAN per host) with this home's CA."""
+        x509, hashes, serialization, ec, NameOID = _crypto()
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate(self.ca.read_bytes())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NODE)]))
-            .issuer_name(ca_name)
-            .public_key(node_key.public_key())
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + ten_years)
-            .add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.SubjectAlternativeName([_san(x509, host) for host in self.hosts]), critical=False)
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -143,14 +184,27 @@ class SecurityFiles:
             )
             .sign(ca_key, hashes.SHA256())
         )
-        pkcs8 = (serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         pem = serialization.Encoding.PEM
-        _write_private(self.ca_key, ca_key.private_bytes(*pkcs8))
-        self.ca.write_bytes(ca_cert.public_bytes(pem))
-        _write_private(
-            self.node, node_key.private_bytes(*pkcs8) + node_cert.public_bytes(pem) + ca_cert.public_bytes(pem)
+        write_private(
+            self.node, key.private_bytes(*_pkcs8(serialization)) + cert.public_bytes(pem) + self.ca.read_bytes()
         )
-        return self
+
+    def node_hosts(self) -> set[str]:
+        """The host names and addresses the node certificate is valid for (its SANs); empty without one."""
+        if not self.node.exists():
+            return set()
+        x509 = _crypto()[0]
+        cert = x509.load_pem_x509_certificates(self.node.read_bytes())[0]
+        try:
+            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            return set()
+        return set(names.get_values_for_type(x509.DNSName)) | {
+            str(address) for address in names.get_values_for_type(x509.IPAddress)
+        }
+
+    def _node_covers_hosts(self) -> bool:
+        return set(self.hosts) <= self.node_hosts()
 
     def scram_arguments(self) -> list[str]:
         """``kafka-storage format`` arguments that create every principal's SCRAM credential."""
@@ -179,16 +233,69 @@ class SecurityFiles:
             "ca_file": str(self.ca),
         }
 
+    def role_security(self) -> dict[str, str]:
+        """The ``log.security`` section that logs each component in as its own role
+        (``role_credentials``): it names files, holds no secret."""
+        return {
+            "protocol": "SASL_SSL",
+            "sasl_mechanism": MECHANISM,
+            "role_credentials": str(self.directory),
+            "ca_file": str(self.ca),
+        }
 
-def server_settings(files: SecurityFiles, port: int, internal_port: int, controller_port: int) -> dict[str, str]:
-    """The ``server.properties`` entries of a secure node (listeners, TLS, SASL, the authorizer)."""
-    jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-    return {
-        "listeners": (
-            f"SASL_SSL://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal_port},CONTROLLER://127.0.0.1:{controller_port}"
-        ),
-        "advertised.listeners": f"SASL_SSL://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal_port}",
-        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,INTERNAL:SSL,CONTROLLER:SSL",
+    def java_client_properties(self, principal: str) -> dict[str, str]:
+        """Java client settings for ``principal`` on the client port, for Kafka's own command-line
+        tools (``--command-config``); the password is in them."""
+        password = self.password(principal)
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": MECHANISM,
+            "sasl.jaas.config": f'{_JAAS} username="{principal}" password="{password}";',
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca),
+        }
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """Where one node listens and the names it gives out for itself.
+
+    The local broker binds and advertises 127.0.0.1. A node in a container binds every interface,
+    advertises its hostname, and may take clients outside the container network too (``external``).
+    """
+
+    port: int
+    """Client port (``SASL_SSL`` when secure, ``PLAINTEXT`` otherwise)."""
+    controller_port: int
+    internal_port: int | None = None
+    """Secure nodes only: replication between the nodes, over mutual TLS."""
+    host: str = "127.0.0.1"
+    """The name clients and the other nodes reach this node by (advertised; in the certificate)."""
+    bind: str = "127.0.0.1"
+    """The interface every listener binds: 127.0.0.1 for the local broker, 0.0.0.0 in a container."""
+    external: tuple[int, str] | None = None
+    """Secure nodes only: a second SASL_SSL client listener (``HOST``) on this port, advertised as
+    this ``host:port``: how the host reaches a container through a published port."""
+
+
+def server_settings(files: SecurityFiles, address: NodeAddress) -> dict[str, str]:
+    """The ``server.properties`` entries of a secure node (listeners, TLS, SASL, the authorizer).
+
+    The one definition of a secure node: ``broker start --secure`` and the compose stack's
+    ``broker secure-config`` both write it, and only the addresses differ."""
+    if address.internal_port is None:
+        raise BrokerError("a secure node needs an internal port: replication runs over its own mutual-TLS listener")
+    ports = {"SASL_SSL": address.port, "INTERNAL": address.internal_port, "CONTROLLER": address.controller_port}
+    advertised = [f"SASL_SSL://{address.host}:{address.port}", f"INTERNAL://{address.host}:{address.internal_port}"]
+    protocols = {"SASL_SSL": "SASL_SSL", "INTERNAL": "SSL", "CONTROLLER": "SSL"}
+    if address.external is not None:
+        ports["HOST"] = address.external[0]
+        advertised.append(f"HOST://{address.external[1]}")
+        protocols["HOST"] = "SASL_SSL"
+    settings = {
+        "listeners": ",".join(f"{name}://{address.bind}:{port}" for name, port in ports.items()),
+        "advertised.listeners": ",".join(advertised),
+        "listener.security.protocol.map": ",".join(f"{name}:{protocol}" for name, protocol in protocols.items()),
         "inter.broker.listener.name": "INTERNAL",
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": str(files.node),
@@ -198,9 +305,15 @@ def server_settings(files: SecurityFiles, port: int, internal_port: int, control
         "listener.name.controller.ssl.client.auth": "required",
         "ssl.principal.mapping.rules": "RULE:^CN=([a-zA-Z0-9.-]+)$/$1/,DEFAULT",
         "sasl.enabled.mechanisms": MECHANISM,
-        "listener.name.sasl_ssl.sasl.enabled.mechanisms": MECHANISM,
-        f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config": jaas,
-        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-        "super.users": f"User:{ADMIN};User:{NODE}",
-        "allow.everyone.if.no.acl.found": "false",
     }
+    for name in (name for name, protocol in protocols.items() if protocol == "SASL_SSL"):
+        settings[f"listener.name.{name.lower()}.sasl.enabled.mechanisms"] = MECHANISM
+        settings[f"listener.name.{name.lower()}.{MECHANISM.lower()}.sasl.jaas.config"] = f"{_JAAS};"
+    settings.update(
+        {
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{ADMIN};User:{NODE}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+    )
+    return settings

@@ -34,6 +34,19 @@ SecurityOpt = Annotated[
         ),
     ),
 ]
+LogSecurityOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--security",
+        exists=True,
+        dir_okay=False,
+        help=(
+            "A YAML file holding the cluster's log.security (a run config, or the section alone), used instead of "
+            "CONFIG's: a deployment's credentials over an example config (the secure compose stack's); with "
+            "role_credentials the component logs in as its role."
+        ),
+    ),
+]
 PolicyOpt = Annotated[
     Optional[str], typer.Option("--policy", help="Which of the config's policies (required when it declares several).")
 ]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from astraflow.cli.app import BackendOpt, BootstrapOpt, ConfigArg, PolicyOpt, RunDirOpt, app
+from astraflow.cli.app import BackendOpt, BootstrapOpt, ConfigArg, LogSecurityOpt, PolicyOpt, RunDirOpt, app
 from astraflow.rundir import RunDir
 
 
@@ -18,11 +18,17 @@ def _component(
     backend: Optional[str],
     bootstrap: Optional[str],
     overrides: dict[str, object] | None = None,
+    security: Optional[Path] = None,
 ):
-    """The resolved config (YAML, ``--backend``/``--bootstrap``, ``overrides``) and the run directory
-    (``--run-dir``, else ``runs/<run>``)."""
+    """The resolved config (YAML, ``--backend``/``--bootstrap``, ``--security``, ``overrides``) and the
+    run directory (``--run-dir``, else ``runs/<run>``)."""
     from astraflow.launch.process import resolve_config
 
+    overrides = dict(overrides or {})
+    if security is not None:
+        from astraflow.config.log import load_security
+
+        overrides["log.security"] = load_security(security).model_dump(mode="json", exclude_none=True)
     cfg = resolve_config(config, backend, bootstrap, overrides)
     return cfg, run_dir or RunDir.default(cfg.run).root
 
@@ -54,14 +60,18 @@ def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = Non
 
 @app.command()
 def feed(
-    config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    backend: BackendOpt = None,
+    bootstrap: BootstrapOpt = None,
+    security: LogSecurityOpt = None,
 ) -> None:
     """Task feeder: dataset → tasks topic, within the staleness budget."""
     from astraflow.launch.process import run_component
     from astraflow.producers.feeder import TaskFeeder
     from astraflow.tasks.datasets import load_task_split
 
-    cfg, directory = _component(config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
     rows = load_task_split(cfg.task, directory, "train")
     run_component("feed", cfg, directory, lambda ctx, stop: TaskFeeder(ctx, rows, cfg.task.seed).run(stop))
 
@@ -72,6 +82,7 @@ def rollout(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
+    security: LogSecurityOpt = None,
     region: Annotated[str, typer.Option(help="Region label recorded on every trajectory.")] = "local",
     hardware: Annotated[
         Optional[str], typer.Option(help="Hardware label recorded on every trajectory (default cpu:<arch>x<threads>).")
@@ -90,7 +101,7 @@ def rollout(
     overrides = {
         key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value
     }
-    cfg, directory = _component(config, run_dir, backend, bootstrap, overrides)
+    cfg, directory = _component(config, run_dir, backend, bootstrap, overrides, security)
     run_component(
         "rollout", cfg, directory, lambda ctx, stop: RolloutProducer(ctx, region=region, hardware=hardware).run(stop)
     )
@@ -98,13 +109,17 @@ def rollout(
 
 @app.command()
 def scale(
-    config: ConfigArg, run_dir: RunDirOpt = None, backend: BackendOpt = None, bootstrap: BootstrapOpt = None
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    backend: BackendOpt = None,
+    bootstrap: BootstrapOpt = None,
+    security: LogSecurityOpt = None,
 ) -> None:
     """Scaler: trainer wait fraction → desired rollout producers, written to the metrics topic."""
     from astraflow.launch.process import run_component
     from astraflow.scaler.component import ScalerComponent
 
-    cfg, directory = _component(config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
     run_component("scale", cfg, directory, lambda ctx, stop: ScalerComponent(ctx, cfg.policy).run(stop))
 
 
@@ -114,6 +129,7 @@ def stream(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
+    security: LogSecurityOpt = None,
     runtime: Annotated[
         Optional[str],
         typer.Option(
@@ -128,7 +144,8 @@ def stream(
     """Stream processor: trajectories → filters and advantages → train samples."""
     from astraflow.launch.process import run_component
 
-    cfg, directory = _component(config, run_dir, backend, bootstrap, {"stream.runtime": runtime} if runtime else None)
+    overrides = {"stream.runtime": runtime} if runtime else None
+    cfg, directory = _component(config, run_dir, backend, bootstrap, overrides, security)
     cfg = _one_policy(cfg, policy)
     if cfg.stream_runtime() == "faust":
         from astraflow.streams.faust_runtime import FaustStreamProcessor as Processor
@@ -143,13 +160,14 @@ def train(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
+    security: LogSecurityOpt = None,
     policy: PolicyOpt = None,
 ) -> None:
     """Trainer: train samples → optimizer steps → weight versions; checkpoints and resumes."""
     from astraflow.consumers.trainer import Trainer
     from astraflow.launch.process import run_component
 
-    cfg, directory = _component(config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
     cfg = _one_policy(cfg, policy)
     run_component("train", cfg, directory, lambda ctx, stop: Trainer(ctx, cfg.policy).run(stop))
 
@@ -160,6 +178,7 @@ def evaluate(
     run_dir: RunDirOpt = None,
     backend: BackendOpt = None,
     bootstrap: BootstrapOpt = None,
+    security: LogSecurityOpt = None,
     policy: PolicyOpt = None,
     system: Annotated[
         bool,
@@ -171,7 +190,7 @@ def evaluate(
     """Evaluator: held-out greedy exact match of each new weight version → metrics topic."""
     from astraflow.launch.process import run_component
 
-    cfg, directory = _component(config, run_dir, backend, bootstrap)
+    cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
     if system:
         from astraflow.consumers.system_evaluator import SystemEvaluator
 
