@@ -45,6 +45,7 @@ from astraflow.log.base import (
 from astraflow.log.kafka_consumer import KafkaConsumer
 from astraflow.log.kafka_producer import KafkaProducer
 from astraflow.log.kafka_transactions import KafkaTransactionalProducer
+from astraflow.log.librdkafka_log import librdkafka_logger
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class KafkaLog(Log):
     ) -> None:
         self._base: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
-            "logger": logging.getLogger("astraflow.log.librdkafka"),
+            "logger": librdkafka_logger(),
             **(client_config or {}),
         }
         self.principal: str | None = self._base.get("sasl.username")
