@@ -84,8 +84,9 @@ class LossConfig(Section):
 class TrainConfig(Section):
     batch_samples: int = Field(default=256, ge=1)
     """Samples (responses) per optimizer step; groups are never split across steps."""
-    lr: float = Field(default=3e-4, gt=0.0, le=1.0)
-    """Peak AdamW learning rate."""
+    lr: float = Field(default=3e-4, ge=0.0, le=1.0)
+    """Peak AdamW learning rate; 0 makes a control run whose versions never change the weights (a
+    learning test must fail on it)."""
     lr_warmup_versions: int = Field(default=30, ge=0)
     """Linear learning-rate warm-up over this many versions (optimizer steps)."""
     lr_decay_versions: int = Field(default=300, ge=0)
