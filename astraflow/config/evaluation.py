@@ -15,5 +15,12 @@ class EvalConfig(Section):
     )
     every_versions: int = Field(default=1, ge=1)
     """Evaluate at most once per this many versions (the newest version wins when behind)."""
+    final: bool = True
+    (
+        "When the run stops, each policy's evaluator scores the newest version once more if it had not "
+        "(``every_versions`` or a version published during the last evaluation can leave it unscored), "
+        "so the run's last evaluation is of the weights it ends with; the launcher stops the evaluators "
+        "last for it."
+    )
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the evaluator process."""

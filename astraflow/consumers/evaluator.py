@@ -30,6 +30,11 @@ from astraflow.weights.follow import follow_weights
 
 logger = logging.getLogger(__name__)
 
+SETTLE_S = 2.0
+"""On a stop, how long no new version may arrive before the follower counts as caught up."""
+FINAL_WAIT_S = 30.0
+"""On a stop, the longest wait for the follower to take in the versions still on the topic."""
+
 
 class Evaluator:
     """Scores weight versions of one policy on the held-out split."""
@@ -92,14 +97,33 @@ class Evaluator:
                     continue
                 version, state = pending
                 if self.due(version):
-                    try:
-                        self.evaluate(version, state)
-                    except Exception as exc:  # one version that cannot be scored never stops the evaluator
-                        logger.exception("evaluating version %d failed", version)
-                        self.last_evaluated = version
-                        self.ctx.dead_letter(
-                            None, f"evaluation of version {version} failed: {type(exc).__name__}: {exc}", exc
-                        )
-                        self.ctx.producer.flush()
+                    self._evaluate_or_dead_letter(version, state)
+            if self.ctx.config.eval.final:
+                self._final(follower)
         finally:
             follower.close()
+
+    def _evaluate_or_dead_letter(self, version: int, state: dict) -> None:
+        try:
+            self.evaluate(version, state)
+        except Exception as exc:  # one version that cannot be scored never stops the evaluator
+            logger.exception("evaluating version %d failed", version)
+            self.last_evaluated = version
+            self.ctx.dead_letter(None, f"evaluation of version {version} failed: {type(exc).__name__}: {exc}", exc)
+            self.ctx.producer.flush()
+
+    def _final(self, follower) -> None:
+        """On a stop, score the newest version if it was not: the launcher stops the trainers first,
+        so the follower takes in what is left on the weights topic (until nothing new came for
+        ``SETTLE_S`` and every announced version is in, at most ``FINAL_WAIT_S``) and the run's last
+        evaluation is of the weights it ends with."""
+        deadline = time.monotonic() + FINAL_WAIT_S
+        while time.monotonic() < deadline:
+            seen = follower.newest_version
+            follower.wait_for(seen + 1, timeout=SETTLE_S)
+            if follower.newest_version == seen and follower.latest_version >= seen:
+                break
+        pending = follower.take()
+        if pending is not None and pending[0] > self.last_evaluated:
+            logger.info("stopping: a final evaluation of version %d", pending[0])
+            self._evaluate_or_dead_letter(*pending)

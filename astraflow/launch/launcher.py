@@ -166,6 +166,25 @@ class RestartRecorder:
             logger.warning("restart of %s not recorded yet: %s", child.name, exc)
 
 
+STOP_S = 30.0
+"""How long the components get to finish their step and flush after SIGTERM, before SIGKILL."""
+FINAL_EVAL_S = 180.0
+"""How long the evaluators get after SIGTERM: to take in the last versions and score the newest (``eval.final``)."""
+
+
+def stop_children(children: list[Child]) -> None:
+    """SIGTERM the components and wait for them, the evaluators last: once every trainer has
+    published its last version, each evaluator scores it (``eval.final``) before it exits."""
+    evaluators = [child for child in children if child.kind == "evaluate"]
+    others = [child for child in children if child.kind != "evaluate"]
+    for group, grace in ((others, STOP_S), (evaluators, FINAL_EVAL_S)):
+        for child in group:
+            child.terminate()
+        deadline = time.monotonic() + grace
+        for child in group:
+            child.wait(deadline)
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -245,11 +264,7 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
         logger.error("stopping the run: %s", failure)
     finally:
         everyone = children + pool.retiring
-        for child in everyone:
-            child.terminate()
-        deadline = time.monotonic() + 30
-        for child in everyone:
-            child.wait(deadline)
+        stop_children(everyone)
     monitor.drain()
     summary = monitor.summary(warmup_seconds=warmup_seconds, interrupted=interrupted)
     summary["producer_seconds"] = pool.producer_seconds()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,37 @@ def test_fault_schedules_kill_each_kind_and_spread_broker_restarts(kills: int, r
     rounds = [only_kills[i : i + 5] for i in range(0, len(only_kills), 5)]
     assert all(sorted(one) == sorted(("train", "stream", "rollout", "feed", "evaluate")) for one in rounds)
     assert all(a != b for a, b in zip(only_kills, only_kills[1:]))
+
+
+STOPPING = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[2])  # argv[1] is the kind, as the launcher reads it
+def stop(signum, frame):
+    others = sorted(p.name for p in out.parent.glob("*.exited"))
+    out.with_suffix(".exited").write_text(",".join(others))
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, stop)
+out.with_suffix(".ready").write_text("")
+while True:
+    time.sleep(1)
+"""
+
+
+def test_the_evaluators_are_stopped_after_every_other_component_exited(tmp_path: Path) -> None:
+    """So that each scores the version its trainer ended with (``eval.final``)."""
+    from astraflow.launch.launcher import stop_children
+
+    kinds = {"evaluate": "evaluate", "train": "train", "rollout-0": "rollout", "evaluate-system": "evaluate"}
+    children = [
+        Child(name, [sys.executable, "-c", STOPPING, kind, str(tmp_path / name)], tmp_path)
+        for name, kind in kinds.items()
+    ]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"{name}.ready").exists() for name in kinds):  # each handles SIGTERM now
+        assert time.monotonic() < deadline, "the children never started"
+        children[0].process.poll()
+    stop_children(children)
+    seen = {name: (tmp_path / f"{name}.exited").read_text().split(",") for name in kinds}
+    for evaluator in ("evaluate", "evaluate-system"):
+        assert {"train.exited", "rollout-0.exited"} <= set(seen[evaluator]), seen
+    assert "evaluate.exited" not in seen["train"] and "evaluate-system.exited" not in seen["train"], seen
