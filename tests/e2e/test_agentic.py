@@ -17,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from astraflow.basemodel.cache import ensure_base_checkpoint
 from astraflow.config import load_config, write_config_over
 from astraflow.engines.torch_engine import TorchEngine
 from astraflow.envs.episodes import AgentLimits
 from astraflow.evaluation.heldout import evaluate_episodes
+from astraflow.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
 from astraflow.models.loading import load_policy
 from astraflow.producers.workflows.base import Provenance
@@ -48,12 +50,14 @@ def example_config(name: str, path: Path, **sections: dict | str) -> Path:
 
 def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    # bounded by versions, not minutes, so a loaded machine is only slower; the base guesses (~0.1)
+    # bounded by versions, not minutes, so a loaded machine is only slower; never by the accuracy it
+    # asserts. The base guesses (~0.1); measured 0.105 -> 0.68 at version 5 and 0.71 at 10
+    # (benchmarks/results/agentic.json), so the evaluations at 5 and 10 are both after learning.
     config = example_config(
         "search",
         tmp_path / "search.yaml",
         run="agentic",
-        stop={"max_versions": 15, "max_minutes": 30, "target_accuracy": 0.5},
+        stop={"max_versions": 10, "max_minutes": 30, "target_accuracy": None},
     )
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
@@ -63,8 +67,11 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    # greedy held-out success, one search episode per question, measured by the evaluator process
-    assert summary["best_accuracy"] >= summary["base_accuracy"] + 0.2, summary
+    # greedy held-out success, one search episode per question, measured by the evaluator process:
+    # the mean of the last two evaluations (200 questions each, so one varies by ~0.035)
+    assert summary["versions"] >= 10, summary
+    accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
+    assert gain_over_base(accuracy) >= 0.2, summary
     with open_log("embedded", path=run_dir / "log.sqlite") as log:
         consumer = log.consumer()
         partitions = [TopicPartition("agentic.trajectories.main", p) for p in range(2)]
@@ -122,22 +129,25 @@ def test_example_plays_trains_and_evaluates(example: str, tmp_path: Path) -> Non
 
     pipeline = build_pipeline(config.stream)
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, PolicyStepConfig(lr=config.train.lr, lr_warmup_steps=0))
-    for step in range(2):
-        examples = []
-        for outcome in outcomes:
-            group = Group(outcome.task.group_id, [t for t in trajectories if t.group_id == outcome.task.group_id])
-            if pipeline.process(group, trainer_version=0) is None:
-                examples += [
-                    PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, float(a))
-                    for t, a in zip(group.trajectories, group.advantages)
-                ]
-        if not examples:  # every group had one reward: a zero-advantage step still moves the version
-            examples = [
-                PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, 0.0)
-                for t in trajectories
+    examples = []
+    for outcome in outcomes:
+        group = Group(outcome.task.group_id, [t for t in trajectories if t.group_id == outcome.task.group_id])
+        if pipeline.process(group, trainer_version=0) is None:
+            examples += [
+                PolicyExample(t.prompt_ids, t.response_ids, t.behaviour_logprobs, t.loss_mask, float(a))
+                for t, a in zip(group.trajectories, group.advantages)
             ]
+    # The pipeline keeps only groups whose rewards differ (GRPO's zero-variance filter); what it
+    # keeps moves the weights, and a batch it empties trains nothing (no forced step): this checks
+    # the path from episodes to an optimizer step, not learning, which benchmarks/agentic.py measures.
+    before = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    if examples:
+        assert any(a != 0.0 for a in (e.advantage for e in examples))
         trainer.step(examples)
-    assert trainer.version == 2
+        assert trainer.version == 1
+        assert any(not torch.equal(before[name], value) for name, value in model.state_dict().items())
+    else:
+        assert all(len({t.reward for t in trajectories if t.group_id == o.task.group_id}) == 1 for o in outcomes)
     make_env = open_environments(config.rollout.workflow, config.rollout.reward, config.agent, run_dir / "data")
     score = evaluate_episodes(
         model,

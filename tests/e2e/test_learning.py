@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, Trajectory, WeightChunk
@@ -44,8 +45,10 @@ def test_embedded_run_learns(math_run: Path) -> None:
     early, late = sum(rewards[:fifth]) / fifth, sum(rewards[-fifth:]) / fifth
     # the sampled reward of thousands of groups rises: the policy improved through the log
     assert late >= early + 0.05, (early, late, summary)
-    # held-out greedy exact match, measured by the evaluator process, is clearly above the base
-    assert summary["final_accuracy"] >= summary["base_accuracy"] + 0.15, summary
+    # held-out greedy exact match, measured by the evaluator process, is clearly above the base on
+    # the mean of the last two evaluations (one of 200 prompts varies by ~0.035)
+    accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
+    assert gain_over_base(accuracy) >= 0.15, summary
     assert (run_dir / "report.png").stat().st_size > 10_000
     assert sum(row["name"] == "eval.accuracy" for row in rows) >= 3
 

@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     raw = yaml.safe_load(EXAMPLE.read_text())
-    # stops as soon as both policies' last two evaluations are 0.05 over their bases (or at 4 min)
-    raw["run"], raw["stop"] = "sv", {"max_minutes": 4, "target_gain": 0.05}
+    # stops at a number of versions, never on the gain it asserts: the solver (the slower to learn)
+    # reached ~0.47 by versions 60-70 in lockstep (benchmarks/results/multi_policy_real.json), the
+    # verifier ~0.78; the time cap only ends a run that is stuck
+    raw["run"], raw["stop"] = "sv", {"max_versions": 70, "max_minutes": 12}
     # on 2 shared cores on-policy learns more per second than async (benchmarks/multi_policy.py, part
     # real), and the evaluators took a quarter of the CPU at every 5 versions: leave it to training
     raw["mode"], raw["stream"] = "lockstep", {"max_staleness": 0}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from astraflow.launch.monitor import gain_over_base
 from astraflow.log import open_log
 from astraflow.streams.changelog import Changelog
 from astraflow.streams.offline import state_key
@@ -53,7 +54,9 @@ def test_replay_trains_a_fresh_base_from_a_recorded_run(math_run: Path, tmp_path
     accuracy = {row["step"]: row["value"] for row in rows if row["name"] == "eval.accuracy"}
     assert len(accuracy) >= 3 and summary["versions"] >= 10, summary
     # only logged data, no new rollouts: the fresh base learns from the source run's trajectories
-    assert summary["best_accuracy"] >= summary["base_accuracy"] + 0.10, accuracy
+    # on the mean of its last two evaluations, not the best of many (the run stops when the
+    # replayed data is used up, never on the accuracy asserted here)
+    assert gain_over_base({int(version): value for version, value in accuracy.items()}) >= 0.10, accuracy
     assert (replay_dir / "report.png").stat().st_size > 10_000
     with open_log("embedded", path=run_dir / "log.sqlite") as log:
         assert log.group_offsets() == groups  # the source run's consumer groups are untouched
