@@ -9,8 +9,10 @@ demo:
 
 # Lint (ruff, import-linter's layer contracts), then the test suite; it starts a real Apache Kafka
 # broker itself (Docker if present, else local jars). Unit and integration tests run on two workers
-# (each with its own broker): many of them wait on a broker or a subprocess; the end-to-end runs
-# then follow one at a time, as each keeps both cores busy and some train for a set time.
+# (each with its own broker): many of them wait on a broker or a subprocess. The end-to-end runs
+# follow, two at a time too: many wait on restarts, brokers and slow links, every learning test
+# stops on versions rather than time (sharing the cores makes it slower, not weaker), and the
+# recorded math run they share is made once (tests/e2e/conftest.py, made_once).
 # DeepSpeed (CPU, gloo) and a CPU build of vLLM in its own virtualenv back the engine/backend tests.
 test:
 	scripts/setup.sh test deepspeed
@@ -20,4 +22,4 @@ test:
 	.venv/bin/ruff format --check astraflow tests benchmarks
 	.venv/bin/lint-imports
 	.venv/bin/python -m pytest -q --durations=15 -n 2 tests/unit tests/integration
-	.venv/bin/python -m pytest -q --durations=15 tests/e2e tests/gpu
+	.venv/bin/python -m pytest -q --durations=15 -n 2 tests/e2e tests/gpu

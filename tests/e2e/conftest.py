@@ -6,10 +6,14 @@ The base checkpoint is built once by ``astraflow warmup`` (a real subprocess) an
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,15 +29,40 @@ def write_config(path: Path, **sections: dict) -> Path:
     return write_config_over(EXAMPLE, path, **sections)
 
 
+@contextmanager
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[Path, bool]]:
+    """The directory ``name`` of this test session, made by one process: under pytest-xdist each
+    worker asks, the first makes it while it holds a lock, the others wait and reuse it (a session
+    fixture is otherwise made once per worker). Yields the directory and whether it is already
+    made; it counts as made once the body ends without an exception (a failed attempt is removed
+    and the next worker tries again)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    directory, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = done.exists()
+        if not made:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+        yield directory, made
+        done.touch()
+
+
 @pytest.fixture(scope="session")
 def warmed_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory template holding ``base/``, the warmed-up checkpoint."""
-    run_dir = tmp_path_factory.mktemp("warm")
-    config = write_config(run_dir / "config.yaml")
-    result = subprocess.run(
-        [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=1700
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    with made_once(tmp_path_factory, "warm") as (run_dir, made):
+        if not made:
+            config = write_config(run_dir / "config.yaml")
+            result = subprocess.run(
+                [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)],
+                capture_output=True,
+                text=True,
+                timeout=1700,
+            )
+            assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "base" / "config.json").is_file()
     return run_dir
 
@@ -41,8 +70,6 @@ def warmed_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(warmed_run_dir: Path, tmp_path: Path) -> Path:
     """A fresh run directory that starts from the shared base checkpoint."""
-    import shutil
-
     target = tmp_path / "run"
     target.mkdir()
     shutil.copytree(warmed_run_dir / "base", target / "base")
@@ -57,9 +84,13 @@ def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     Its weights are signed: the trainer signs with ``keys/weights-signing.pem`` (made by
     ``astraflow keys generate``), every reader verifies with the public key.
     Bounded by versions, not minutes, so a loaded machine is only slower."""
-    import shutil
+    with made_once(tmp_path_factory, "math-run") as (run_dir, made):
+        if not made:
+            record_math_run(warmed_run_dir, run_dir)
+    return run_dir
 
-    run_dir = tmp_path_factory.mktemp("math-run")
+
+def record_math_run(warmed_run_dir: Path, run_dir: Path) -> None:
     shutil.copytree(warmed_run_dir / "base", run_dir / "base")
     keys = subprocess.run(
         [str(ASTRAFLOW), "keys", "generate", str(run_dir / "keys")], capture_output=True, text=True, timeout=120
@@ -78,7 +109,6 @@ def math_run(warmed_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     (run_dir / "run.stdout").write_text(result.stdout)
-    return run_dir
 
 
 def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 60) -> None:
