@@ -4,7 +4,7 @@
 builds the tiny model of ``SPEC`` and the ``BATCHES`` (the same in every process), takes one
 optimizer step per batch with ``train.backend`` BACKEND (``torch``: DDP; ``fsdp``: FSDP2), each
 rank on its share, then writes from rank 0 to ``OUT`` (``torch.save``) the full weights as the
-trainer would publish them, each step's loss and gradient norm, and for ``fsdp`` the full
+trainer's publisher copies them (``to_transfer``), each step's loss and gradient norm, and for ``fsdp`` the full
 optimizer state of a checkpoint. The weights are read through ``backend.full_state`` by every
 rank, as the trainer's publish does.
 """
@@ -20,6 +20,7 @@ from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tin
 from astraflow.training.distributed import Ranks, init_group
 from astraflow.training.learner import build_learner
 from astraflow.training.step import PolicyExample, PolicyStepConfig
+from astraflow.weights.payload import to_transfer
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
 STEP = PolicyStepConfig(lr=1e-3, lr_warmup_steps=0, lr_decay_steps=0, max_grad_norm=0.5, micro_batch_size=2)
@@ -56,7 +57,7 @@ def train(backend: str, ranks: Ranks) -> tuple[dict[str, torch.Tensor], list[flo
     for batch in batches(len(tokenizer)):
         stats = learner.step(batch)
         figures += [stats.loss, stats.grad_norm]
-    weights = {name: tensor.detach().cpu().clone() for name, tensor in learner.backend.full_state().items()}
+    weights = to_transfer(learner.backend.full_state(), "fp32")  # as the trainer's publisher reads them
     return weights, figures, learner
 
 
