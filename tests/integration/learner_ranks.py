@@ -1,12 +1,11 @@
 """One rank of a learner trained on fixed batches, for the tests of a trainer of several ranks.
 
 ``python -m torch.distributed.run --nproc-per-node N -m tests.integration.learner_ranks BACKEND OUT``
-builds the tiny model of ``SPEC`` and the ``BATCHES`` (the same in every process), takes one
-optimizer step per batch with ``train.backend`` BACKEND (``torch``: DDP; ``fsdp``: FSDP2), each
-rank on its share, then writes from rank 0 to ``OUT`` (``torch.save``) the full weights as the
-trainer's publisher copies them (``to_transfer``), each step's loss and gradient norm, and for ``fsdp`` the full
-optimizer state of a checkpoint. The weights are read through ``backend.full_state`` by every
-rank, as the trainer's publish does.
+builds the tiny model of ``SPEC`` and the batches of ``BATCH_SIZES`` (the same in every process),
+takes one optimizer step per batch with ``train.backend`` BACKEND (``torch``: DDP; ``fsdp``: FSDP2),
+each rank on its share, then writes from rank 0 to ``OUT`` (``torch.save``) the full weights as the
+trainer's publisher copies them (``to_transfer`` of ``backend.full_state``, read by every rank), each step's loss and
+gradient norm, and for ``fsdp`` the full optimizer state of a checkpoint.
 """
 
 from __future__ import annotations
@@ -67,6 +66,7 @@ def main(backend: str, out: str) -> None:
     optimizer = learner.optimizer.state_dict() if backend == "fsdp" else None  # a collective: every rank
     if ranks.leader:
         torch.save({"weights": weights, "figures": figures, "optimizer": optimizer}, out)
+    torch.distributed.barrier()  # no rank leaves the group while another still uses it
     torch.distributed.destroy_process_group()
 
 
