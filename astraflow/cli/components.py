@@ -162,14 +162,62 @@ def train(
     bootstrap: BootstrapOpt = None,
     security: LogSecurityOpt = None,
     policy: PolicyOpt = None,
+    nproc: Annotated[
+        Optional[int],
+        typer.Option("--nproc", min=1, help="Trainer ranks on this machine (overrides train.world_size)."),
+    ] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Machines the trainer's ranks run on.")] = 1,
+    node_rank: Annotated[
+        Optional[int],
+        typer.Option("--node-rank", min=0, help="This machine's rank (static rendezvous at --rdzv-endpoint)."),
+    ] = None,
+    rdzv_endpoint: Annotated[
+        Optional[str],
+        typer.Option("--rdzv-endpoint", help="HOST:PORT where the machines' launchers meet (with --nnodes)."),
+    ] = None,
 ) -> None:
-    """Trainer: train samples → optimizer steps → weight versions; checkpoints and resumes."""
-    from astraflow.consumers.trainer import Trainer
-    from astraflow.launch.process import run_component
+    """Trainer: train samples → optimizer steps → weight versions; checkpoints and resumes. With several
+    ranks (--nproc, train.world_size) it runs under torch.distributed.run and rank 0 writes the log."""
+    from astraflow.training.distributed import Ranks, launched
 
     cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
     cfg = _one_policy(cfg, policy)
-    run_component("train", cfg, directory, lambda ctx, stop: Trainer(ctx, cfg.policy).run(stop))
+    if not launched() and ((nproc or cfg.train.world_size) > 1 or nnodes > 1):
+        _launch_ranks(cfg, nproc or cfg.train.world_size, nnodes, node_rank, rdzv_endpoint)
+        return
+    ranks = Ranks.from_env()
+    if ranks.leader:
+        from astraflow.consumers.trainer import Trainer
+        from astraflow.launch.process import run_component
+
+        run_component("train", cfg, directory, lambda ctx, stop: Trainer(ctx, cfg.policy, ranks).run(stop))
+    else:
+        from astraflow.consumers.trainer_ranks import TrainerRank
+        from astraflow.launch.process import run_rank
+
+        run_rank(f"train-rank{ranks.rank}", directory, lambda stop: TrainerRank(cfg, directory, ranks).run(stop))
+
+
+def _launch_ranks(cfg, nproc: int, nnodes: int, node_rank: Optional[int], rdzv_endpoint: Optional[str]) -> None:
+    """Run this same command as the trainer's ranks under torch.distributed.run (``launch/ranks.py``)."""
+    import sys
+
+    from astraflow.errors import ConfigError
+    from astraflow.launch.process import setup_logging
+    from astraflow.launch.ranks import RankLaunch, run_launcher
+
+    if cfg.train.backend in ("simulated", "deepspeed"):
+        raise ConfigError(
+            f"--nproc {nproc}: several ranks of train.backend {cfg.train.backend!r} are not supported; "
+            "use 'torch' (DDP) or 'fsdp'"
+        )
+    launch = RankLaunch(nproc, nnodes, node_rank, rdzv_endpoint, f"{cfg.run}.train.{cfg.policy}")
+    try:
+        launch.check()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    setup_logging("train-launcher")
+    run_launcher(launch, sys.argv[1:])
 
 
 @app.command()

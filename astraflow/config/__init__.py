@@ -31,7 +31,14 @@ from astraflow.config.run import RunConfig, dump_config, load_config, parse_conf
 from astraflow.config.scaler import ScalerConfig
 from astraflow.config.stop import StopConfig
 from astraflow.config.stream import AcceptAllCurator, CuratorSpec, FilterSolvedCurator, GresoCurator, StreamConfig
-from astraflow.config.train import Aggregation, DeepSpeedOptions, LossConfig, SimulatedTrainerOptions, TrainConfig
+from astraflow.config.train import (
+    Aggregation,
+    DeepSpeedOptions,
+    FsdpOptions,
+    LossConfig,
+    SimulatedTrainerOptions,
+    TrainConfig,
+)
 from astraflow.config.weights import WeightsConfig
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "FilterSolvedCurator",
+    "FsdpOptions",
     "GresoCurator",
     "KafkaSecurity",
     "LogConfig",

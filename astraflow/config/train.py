@@ -1,4 +1,5 @@
-"""The ``train`` section: the trainer's optimizer, its loss (``train.loss``) and its backends (DeepSpeed, simulated)."""
+"""The ``train`` section: the trainer's optimizer, its loss (``train.loss``), its backends (DeepSpeed, FSDP2,
+simulated) and how many ranks train together (``train.world_size``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ class DeepSpeedOptions(Section):
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("offload_optimizer needs zero_stage 1 or 2")
         return self
+
+
+class FsdpOptions(Section):
+    """``fsdp``: PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer states sharded over the ranks."""
+
+    mixed_precision: Literal["auto", "off"] = "auto"
+    (
+        "``auto``: compute in bf16 with fp32 gradient reduction where the device supports bf16 (a CUDA GPU), "
+        "fp32 elsewhere (CPU); ``off``: fp32 everywhere. The sharded master weights and optimizer states are fp32 "
+        "either way."
+    )
 
 
 class SimulatedTrainerOptions(Section):
@@ -105,12 +117,32 @@ class TrainConfig(Section):
     """Versions between atomic checkpoints (model, optimizer, consumed offsets, version)."""
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the trainer process."""
-    backend: Literal["torch", "deepspeed", "simulated"] = "torch"
+    backend: Literal["torch", "fsdp", "deepspeed", "simulated"] = "torch"
     (
-        "Optimizer backend: ``torch`` (AdamW in this process), ``deepspeed`` (ZeRO, ``train.deepspeed``; on CPU with "
-        "gloo) or ``simulated`` (no compute: each step takes the time of ``train.simulated``; capacity planning)."
+        "Optimizer backend: ``torch`` (AdamW in this process; DDP when ``world_size`` > 1), ``fsdp`` (PyTorch FSDP2, "
+        "``train.fsdp``), ``deepspeed`` (ZeRO, ``train.deepspeed``; on CPU with gloo) or ``simulated`` (no compute: "
+        "each step takes the time of ``train.simulated``; capacity planning)."
+    )
+    world_size: int = Field(default=1, ge=1, le=1024)
+    (
+        "Trainer ranks on this machine: above 1, ``astraflow train`` (and so ``astraflow run``) starts the trainer "
+        "through PyTorch's elastic launcher (``torch.distributed.run``; gloo on CPU, NCCL on CUDA GPUs) and each rank "
+        "trains its share of every batch; rank 0 alone reads the samples and writes to the log. "
+        "``astraflow train --nproc`` overrides it (with ``--nnodes`` for several machines)."
     )
     deepspeed: DeepSpeedOptions = DeepSpeedOptions()
+    fsdp: FsdpOptions = FsdpOptions()
     simulated: SimulatedTrainerOptions = SimulatedTrainerOptions()
     loss: LossConfig = LossConfig()
     """Aggregation, importance-weight cap, decoupling, AdamW betas and micro-batches (docs/algorithms.md#losses)."""
+
+    @model_validator(mode="after")
+    def _ranks_have_a_backend(self) -> "TrainConfig":
+        if self.world_size > 1 and self.backend in ("simulated", "deepspeed"):
+            hint = (
+                "train.simulated.devices models data-parallel GPUs"
+                if self.backend == "simulated"
+                else "several DeepSpeed ranks are not supported yet; use 'torch' (DDP) or 'fsdp'"
+            )
+            raise ValueError(f"train.world_size: {self.world_size} ranks of backend {self.backend!r}: {hint}")
+        return self

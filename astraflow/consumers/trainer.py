@@ -63,6 +63,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -82,8 +84,13 @@ from astraflow.models.base import base_checkpoint_path, model_limits
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import LedgerEntry, PromptStats, TrainSample
 from astraflow.schemas.validation import Limits, validate
-from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState
+from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState, load_checkpoint
+from astraflow.training.distributed import SINGLE, CommandChannel, Ranks
 from astraflow.weights.publish import WeightPublisher
+
+if TYPE_CHECKING:
+    from astraflow.config import RunConfig
+    from astraflow.training.learner import Learner
 
 logger = logging.getLogger(__name__)
 
@@ -92,49 +99,86 @@ FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a larger advantage becomes infinite in the loss."""
 
 
+def build_rank_learner(config: RunConfig, run_dir: Path, ranks: Ranks = SINGLE) -> tuple[Learner, object]:
+    """The learner of this rank of a policy's trainer over the base checkpoint, and the tokenizer.
+
+    With several ranks it first joins the process group; every rank builds its learner at the same
+    time (DDP and FSDP2 synchronise the model as they wrap it).
+    """
+    import torch
+
+    from astraflow.models.loading import load_policy
+    from astraflow.training.distributed import init_group
+    from astraflow.training.learner import build_learner, step_config
+
+    cfg = config.train
+    torch.set_num_threads(cfg.threads)
+    if ranks.distributed:
+        init_group(ranks)
+    model, tokenizer = load_policy(base_checkpoint_path(config, run_dir))
+    learner = build_learner(
+        cfg.backend,
+        model,
+        tokenizer.pad_token_id,
+        step_config(cfg, config.rollout),
+        deepspeed=cfg.deepspeed,
+        simulated=cfg.simulated,
+        fsdp=cfg.fsdp,
+        ranks=ranks,
+    )
+    return learner, tokenizer
+
+
+def restore_rank(learner: Learner, directory: Path | None, version: int) -> TrainerState | None:
+    """Load the checkpoint in ``directory`` (none: keep the base) into this rank's learner, which
+    then trains from ``version``; every rank does it with the directory rank 0 chose."""
+    restored = None
+    if directory is not None:
+        restored = load_checkpoint(Path(directory), learner.backend.model_state, learner.optimizer)
+    learner.version = version
+    return restored
+
+
 class Trainer:
     """Trains one policy from its samples topic and publishes every version."""
 
-    def __init__(self, ctx: ComponentContext, policy: str) -> None:
-        import torch
-
-        from astraflow.models.loading import load_policy
-        from astraflow.training.learner import build_learner, step_config
-
+    def __init__(self, ctx: ComponentContext, policy: str, ranks: Ranks = SINGLE) -> None:
+        if not ranks.leader:
+            raise ValueError(
+                f"rank {ranks.rank} runs a TrainerRank; only rank 0 is the Trainer, which writes to the log"
+            )
         cfg = ctx.config.train
-        torch.set_num_threads(cfg.threads)
         self.ctx = ctx
         self.policy = policy
+        self.ranks = ranks
         base = base_checkpoint_path(ctx.config, ctx.run_dir)
-        model, self.tokenizer = load_policy(base)
+        self.learner, self.tokenizer = build_rank_learner(ctx.config, ctx.run_dir, ranks)
+        self.commands = CommandChannel(ranks)
+        """Rank 0's instructions to the other ranks (``training/distributed.py``); nothing in a world of one."""
         vocab_size, context_length = model_limits(base)
         self.limits = Limits(group_size=None, vocab_size=vocab_size, context_length=context_length)
         self.rejected = 0
         self.skipped_steps = 0
-        self.learner = build_learner(
-            cfg.backend,
-            model,
-            self.tokenizer.pad_token_id,
-            step_config(cfg, ctx.config.rollout),
-            deepspeed=cfg.deepspeed,
-            simulated=cfg.simulated,
-        )
         logger.info(
-            "trainer backend %s%s",
+            "trainer backend %s%s%s",
             cfg.backend,
             f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload {cfg.deepspeed.offload_optimizer})"
             if cfg.backend == "deepspeed"
             else "",
+            f", {ranks.world_size} ranks" if ranks.distributed else "",
         )
         self.transactional_id = f"{ctx.config.run}.train.{policy}"
         self.transactions = ctx.log.transactional_producer(self.transactional_id)  # fences an older trainer
         ledger = TrainerLedger.read(ctx.log, ctx.codec, ctx.topics.ledger(policy))
         self.epoch = ledger.next_epoch
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
-        restored = self.checkpoints.restore(model, self.learner.optimizer, accept=ledger.names)
-        self.checkpointed = restored.version if restored else 0
+        found = self.checkpoints.find(accept=ledger.names)
+        checkpointed = TrainerState.from_json((found / "state.json").read_text()).version if found else 0
+        start = ledger.start_version(checkpointed)
+        self.commands.send("restore", directory=str(found) if found else None, version=start)
+        restored = restore_rank(self.learner, found, start)
+        self.checkpointed = checkpointed
         """The newest checkpointed version (0: the base, which needs none)."""
-        self.learner.version = ledger.start_version(self.checkpointed)
         self.parent = (restored.epoch, restored.version) if restored else (-1, -1)
         """(epoch, version) of the ledger entry the next version is trained from."""
         self.offsets = restored.offsets if restored else {}
@@ -187,6 +231,7 @@ class Trainer:
                 waited += time.perf_counter() - t0
                 taken = assembler.take(self._oldest_trainable())
                 if taken is None:
+                    self.commands.keepalive()
                     continue
                 if assembler.stale:
                     self._drop_stale(assembler.stale)
@@ -194,6 +239,7 @@ class Trainer:
                 waited = 0.0
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
                 self._checkpoint()
+            self.commands.send("stop")
         finally:
             consumer.close()
             self.transactions.close()  # aborts a transaction left open by a failure
@@ -213,8 +259,9 @@ class Trainer:
                 self.transactions.commit()
                 self._checkpoint()
             self.transactions.begin()
+            self.commands.send("publish")  # a sharded model's ranks gather its tensors together
             manifest = self.publisher.publish(
-                self.learner.model.state_dict(), version, full=full, transaction=self.transactions
+                self.learner.backend.full_state(), version, full=full, transaction=self.transactions
             )
             entry = LedgerEntry(
                 self.policy,
@@ -389,6 +436,11 @@ class Trainer:
             )
             for s in batch
         ]
+        self.commands.send(
+            "step",
+            examples=examples,
+            samples=[(message.partition, message.offset, s.sample_id) for s, message in taken if s is not None],
+        )
         try:
             stats = learner.step(examples)
         except NonFiniteStepError as exc:
@@ -426,7 +478,8 @@ class Trainer:
     def _checkpoint(self) -> None:
         """An atomic checkpoint of the current version, with the offsets after its batch."""
         state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch)
-        self.checkpoints.save(self.learner.model, self.learner.optimizer, state)
+        self.commands.send("checkpoint")  # a sharded model's ranks gather its state together
+        self.checkpoints.save(self.learner.backend.model_state, self.learner.optimizer, state)
         self.checkpointed = self.learner.version
 
     def _advance(self, taken: list[tuple[TrainSample | None, Message]]) -> None:

@@ -5,6 +5,7 @@ Every ``astraflow <component>`` command goes through ``run_component``: it resol
 component's loop until SIGTERM/SIGINT sets the stop event, then closes the producer (flushing
 whatever is queued) and the log. Components never install signal handlers themselves. A component
 whose log client is stuck in a call that never returned exits at once instead (``exit_if_stuck``).
+The ranks of a trainer other than rank 0 go through ``run_rank``, which opens no log at all.
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ def run_component(name: str, config: RunConfig, run_dir: Path, body: Callable[..
     finally:
         exit_if_stuck(name)
         ctx.close()
+
+
+def run_rank(name: str, run_dir: Path, body: Callable[[threading.Event], None]) -> None:
+    """Run ``body(stop)`` as a trainer rank other than 0: logging and signals as a component's, but no
+    context, so it opens no log and writes no record (``consumers/trainer_ranks.py``)."""
+    setup_logging(name, run_dir)
+    body(stop_on_signals())
 
 
 def exit_if_stuck(name: str) -> None:

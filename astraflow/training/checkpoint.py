@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
+    from astraflow.training.backends.base import OptimizerState
+
 
 RECALL_WINDOW = 20_000
 """Sample ids per partition a restarted trainer re-reads below its checkpointed offsets."""
@@ -99,7 +101,7 @@ class CheckpointStore:
     def latest(self) -> Path | None:
         return latest_checkpoint(self.directory)
 
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
+    def save(self, model: OptimizerState, optimizer: OptimizerState, state: TrainerState) -> Path:
         import torch
 
         final = version_dir(self.directory, state.version)
@@ -131,12 +133,23 @@ class CheckpointStore:
     ) -> TrainerState | None:
         """Load the newest checkpoint whose state ``accept`` takes into ``model`` and ``optimizer``;
         ``None`` when there is none."""
-        import torch
+        found = self.find(accept)
+        return None if found is None else load_checkpoint(found, model, optimizer)
 
+    def find(self, accept: Callable[[TrainerState], bool] = lambda state: True) -> Path | None:
+        """The newest complete checkpoint directory whose state ``accept`` takes, or ``None``: what
+        ``restore`` loads (a trainer of several ranks names it to every rank first)."""
         for directory in reversed(complete_checkpoints(self.directory)):
-            state = TrainerState.from_json((directory / "state.json").read_text())
-            if accept(state):
-                model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
-                optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
-                return state
+            if accept(TrainerState.from_json((directory / "state.json").read_text())):
+                return directory
         return None
+
+
+def load_checkpoint(directory: Path, model: OptimizerState, optimizer: OptimizerState) -> TrainerState:
+    """Load the checkpoint in ``directory`` into ``model`` and ``optimizer`` (anything with
+    ``load_state_dict``: a backend's ``model_state`` too); its trainer state."""
+    import torch
+
+    model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+    return TrainerState.from_json((directory / "state.json").read_text())

@@ -1,10 +1,11 @@
 """The learner of a trainer: the loss over an optimizer backend, chosen by ``train.backend``.
 
-``torch`` | ``deepspeed`` | ``simulated``: ``build_backend`` and ``build_learner`` are the only
-places that know the names; DeepSpeed is imported only when chosen. ``step_config`` is the one
-place that turns the ``train`` section into the learner's ``PolicyStepConfig``. A ``Learner`` is what the
-trainer steps: ``PolicyTrainer`` (the PPO-clip loss, then the backend's optimizer step), or the
-simulated backend's ``SimulatedLearner``, which computes nothing and sleeps each step's modelled time.
+``torch`` (DDP with several ranks) | ``fsdp`` | ``deepspeed`` | ``simulated``: ``build_backend`` and
+``build_learner`` are the only places that know the names; DeepSpeed and FSDP2 are imported only when
+chosen. ``step_config`` is the one place that turns the ``train`` section into the learner's
+``PolicyStepConfig``. A ``Learner`` is what the trainer steps: ``PolicyTrainer`` (the PPO-clip loss,
+then the backend's optimizer step), or the simulated backend's ``SimulatedLearner``, which computes
+nothing and sleeps each step's modelled time.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from astraflow.config import DeepSpeedOptions, RolloutConfig, SimulatedTrainerOptions, TrainConfig
+from astraflow.config import DeepSpeedOptions, FsdpOptions, RolloutConfig, SimulatedTrainerOptions, TrainConfig
 from astraflow.training.backends.base import OptimizerState, TrainerBackend
 from astraflow.training.backends.deepspeed_zero import DeepSpeedBackend
 from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
 from astraflow.training.backends.torch_adamw import TorchBackend
+from astraflow.training.distributed import SINGLE, Ranks, rank_device
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, StepStats
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ class Learner(Protocol):
     version: int
     model: PreTrainedModel
     optimizer: OptimizerState
+    backend: TrainerBackend
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples``; ``version`` grows by one."""
@@ -70,10 +73,24 @@ def build_backend(
     max_grad_norm: float,
     deepspeed: DeepSpeedOptions | None = None,
     simulated: SimulatedTrainerOptions | None = None,
+    fsdp: FsdpOptions | None = None,
+    ranks: Ranks = SINGLE,
 ) -> TrainerBackend:
-    """The backend ``name`` over ``model`` with an AdamW of these settings."""
-    if name == "torch":
+    """The backend ``name`` over ``model`` with an AdamW of these settings, for ``ranks`` (the
+    ``torch`` backend of several ranks is DDP; ``fsdp`` and DDP move ``model`` to the rank's device)."""
+    if name == "torch" and not ranks.distributed:
         return TorchBackend(model, lr, betas, weight_decay, max_grad_norm)
+    if name == "torch":
+        from astraflow.training.backends.ddp import DdpBackend
+
+        device = rank_device(ranks)
+        return DdpBackend(model.to(device), lr, betas, weight_decay, max_grad_norm, device)
+    if name == "fsdp":
+        from astraflow.training.backends.fsdp import FsdpBackend
+
+        options = fsdp or FsdpOptions()
+        model = model.to(rank_device(ranks))
+        return FsdpBackend(model, lr, betas, weight_decay, max_grad_norm, ranks, options.mixed_precision)
     if name == "deepspeed":
         options = deepspeed or DeepSpeedOptions()
         return DeepSpeedBackend(
@@ -82,7 +99,7 @@ def build_backend(
     if name == "simulated":
         options = simulated or SimulatedTrainerOptions()
         return SimulatedBackend(model, TrainTimeModel.from_options(options), options.time_scale)
-    raise ValueError(f"unknown trainer backend {name!r}; choose 'torch', 'deepspeed' or 'simulated'")
+    raise ValueError(f"unknown trainer backend {name!r}; choose 'torch', 'fsdp', 'deepspeed' or 'simulated'")
 
 
 def build_learner(
@@ -93,8 +110,11 @@ def build_learner(
     *,
     deepspeed: DeepSpeedOptions | None = None,
     simulated: SimulatedTrainerOptions | None = None,
+    fsdp: FsdpOptions | None = None,
+    ranks: Ranks = SINGLE,
 ) -> Learner:
-    """The learner of backend ``name`` over ``model``, with the optimizer settings of ``config``."""
+    """The learner of backend ``name`` over ``model``, with the optimizer settings of ``config``; with
+    several ``ranks`` each one trains its share of every batch (``PolicyTrainer.step``)."""
     backend = build_backend(
         name,
         model,
@@ -104,7 +124,9 @@ def build_learner(
         max_grad_norm=config.max_grad_norm,
         deepspeed=deepspeed,
         simulated=simulated,
+        fsdp=fsdp,
+        ranks=ranks,
     )
     if isinstance(backend, SimulatedBackend):
         return SimulatedLearner(model, pad_id, config, backend)
-    return PolicyTrainer(model, pad_id, config, backend=backend)
+    return PolicyTrainer(backend.model, pad_id, config, backend=backend, ranks=ranks)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from astraflow.errors import NonFiniteStepError
 from astraflow.models.sampling import left_pad
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.backends.torch_adamw import TorchBackend
+from astraflow.training.distributed import SINGLE, Ranks, all_reduce_sum, share
 from astraflow.training.loss import Aggregation, ppo_clip_loss
 
 
@@ -157,8 +158,10 @@ class PolicyTrainer:
         config: PolicyStepConfig,
         version: int = 0,
         backend: TrainerBackend | None = None,
+        ranks: Ranks = SINGLE,
     ) -> None:
         self.model = model
+        self.ranks = ranks
         self.pad_id = pad_id
         self.config = config
         self.version = version
@@ -170,42 +173,52 @@ class PolicyTrainer:
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples`` (split into micro-batches if configured).
 
-        ``NonFiniteStepError`` when the loss or the gradient norm is not finite: then the weights,
-        the optimizer state and ``version`` are left as they were.
+        With several ranks every rank passes the whole batch, in the same order, and trains its share
+        (``distributed.share``); the gradients are the whole batch's, as with one rank (``_parts``).
+        ``NonFiniteStepError`` when the loss or the gradient norm is not finite (on any rank: every
+        rank raises it): then the weights, the optimizer state and ``version`` are left as they were.
         """
         if not examples:
             raise ValueError("PolicyTrainer.step needs at least one example")
         started = time.perf_counter()
         config = self.config
+        ranks = self.ranks
         self.model.train()
         self.backend.zero_grad()
-        size = config.micro_batch_size or len(examples)
         tokens = float(sum(int(np.sum(example.loss_mask)) for example in examples))
         denominator = tokens if config.aggregation == "token-mean" else float(len(examples))
         total_loss, weighted = 0.0, dict[str, float]()
-        for start in range(0, len(examples), size):
-            batch = collate(examples[start : start + size], self.pad_id, self.model.device)
-            logprobs = response_logprobs(self.backend.module, batch, config.temperature)
-            loss, stats = ppo_clip_loss(
-                logprobs,
-                batch.behaviour_logprobs,
-                batch.advantages,
-                batch.loss_mask,
-                proximal_logprobs=None if config.decoupled else batch.behaviour_logprobs,
-                eps_low=config.eps_low,
-                eps_high=config.eps_high,
-                max_is_weight=config.max_is_weight,
-                aggregation=config.aggregation,
-                denominator=max(denominator, 1.0),
-                max_tokens=config.max_tokens,
-            )
-            total_loss += float(loss.detach())
-            if not math.isfinite(total_loss):  # its gradient would be too: stop before it reaches the weights
-                self.backend.zero_grad()
-                raise NonFiniteStepError(f"loss {total_loss} is not finite (version {self.version}, step skipped)")
-            self.backend.backward(loss, last=start + size >= len(examples))
+        parts = self._parts(examples)
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            with self.backend.accumulating(last):
+                batch = collate(part, self.pad_id, self.model.device)
+                logprobs = response_logprobs(self.backend.module, batch, config.temperature)
+                loss, stats = ppo_clip_loss(
+                    logprobs,
+                    batch.behaviour_logprobs,
+                    batch.advantages,
+                    batch.loss_mask,
+                    proximal_logprobs=None if config.decoupled else batch.behaviour_logprobs,
+                    eps_low=config.eps_low,
+                    eps_high=config.eps_high,
+                    max_is_weight=config.max_is_weight,
+                    aggregation=config.aggregation,
+                    denominator=max(denominator, 1.0),
+                    max_tokens=config.max_tokens,
+                )
+                (part_loss,) = all_reduce_sum([float(loss.detach())], ranks)
+                total_loss += part_loss
+                if not math.isfinite(total_loss):  # its gradient would be too: stop before it reaches the weights
+                    self.backend.zero_grad()
+                    raise NonFiniteStepError(f"loss {total_loss} is not finite (version {self.version}, step skipped)")
+                # backends average gradients over the ranks; each rank's loss is its share of the batch's
+                self.backend.backward(loss * ranks.world_size if ranks.distributed else loss, last=last)
             for name, value in vars(stats).items():
                 weighted[name] = weighted.get(name, 0.0) + value * stats.tokens
+        if ranks.distributed:  # token-weighted sums of every rank's figures
+            names = sorted(weighted)
+            weighted = dict(zip(names, all_reduce_sum([weighted[name] for name in names], ranks)))
         lr = config.lr * lr_factor(self.version, config.lr_warmup_steps, config.lr_decay_steps, config.min_lr_ratio)
         grad_norm = self.backend.step(lr)
         if not math.isfinite(grad_norm):  # the backend left the weights and optimizer state as they were
@@ -221,3 +234,20 @@ class PolicyTrainer:
             seconds=time.perf_counter() - started,
             loss_stats={name: value / max(tokens, 1.0) for name, value in weighted.items() if name != "tokens"},
         )
+
+    def _parts(self, examples: Sequence[PolicyExample]) -> list[Sequence[PolicyExample]]:
+        """The micro-batches this rank runs: its share of ``examples``, cut into ``micro_batch_size``.
+
+        Every rank runs the same number of them (FSDP2 gathers weights in each forward, a collective),
+        the number the largest share needs; a rank whose share runs out runs a muted copy of the
+        batch's first example, whose zero loss mask adds nothing to the loss or the gradients. The
+        loss of each is divided by the whole batch's token (or sequence) count, so the summed
+        gradients of all parts of all ranks are the gradient of the whole batch.
+        """
+        ranks = self.ranks
+        mine = [examples[index] for index in share(len(examples), ranks.rank, ranks.world_size)]
+        largest = len(share(len(examples), 0, ranks.world_size))
+        size = self.config.micro_batch_size or largest
+        count = math.ceil(largest / size)
+        muted = replace(examples[0], loss_mask=np.zeros_like(examples[0].loss_mask), advantage=0.0)
+        return [mine[start : start + size] or [muted] for start in range(0, count * size, size)]

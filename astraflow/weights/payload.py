@@ -20,6 +20,7 @@ it was.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Mapping
@@ -74,16 +75,19 @@ def to_transfer(
 ) -> dict[str, torch.Tensor]:
     """A CPU copy of ``state`` with floating tensors in the transfer dtype; tied tensors stay tied.
 
+    ``state`` may make its tensors as it is read and drop each after (a sharded model's gathered
+    weights, ``FsdpBackend.full_state``): a tensor at the address of one freed before is not tied to it.
+
     ``reuse``: an earlier result whose tensors nobody reads any more; those of matching name,
     dtype and shape are overwritten instead of allocated (a fresh gigabyte costs its page faults,
     several times the copy itself).
     """
     dtype = TRANSFER_DTYPES[transfer_dtype]
     out: dict[str, torch.Tensor] = {}
-    seen: dict[tuple, torch.Tensor] = {}
+    seen: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
     taken: set[int] = set()
-    for name, tensor in state.items():
-        tensor = tensor.detach()
+    for name, given in state.items():
+        tensor = given.detach()
         key = (
             tensor.device,
             tensor.untyped_storage().data_ptr(),
@@ -92,17 +96,17 @@ def to_transfer(
             tensor.stride(),
             tensor.dtype,
         )
-        if key not in seen:
+        source, copied = seen.get(key, (None, None))
+        if source is None or source() is None:  # new, or at the address of a tensor freed since (not tied)
             target = dtype if tensor.is_floating_point() else tensor.dtype
             spare = reuse.get(name) if reuse is not None else None
             if spare is not None and spare.dtype == target and spare.shape == tensor.shape and id(spare) not in taken:
-                seen[key] = spare.copy_(tensor)
+                copied = spare.copy_(tensor)
             else:
-                seen[key] = tensor.to(
-                    device="cpu", dtype=target, copy=True
-                ).contiguous()  # copy: never alias the live model
-            taken.add(id(seen[key]))
-        out[name] = seen[key]
+                copied = tensor.to(device="cpu", dtype=target, copy=True).contiguous()  # copy: never alias the model
+            seen[key] = (weakref.ref(given), copied)  # alive as long as ``state`` or its reader keeps it
+            taken.add(id(copied))
+        out[name] = copied
     return out
 
 

@@ -293,6 +293,23 @@ def test_to_transfer_overwrites_a_spare_copy_and_keeps_ties() -> None:
     assert_bit_exact(again, to_transfer(random_state(2), "bf16"))
 
 
+class _MadeAsRead(dict):
+    """A state whose tensors are made as they are read and dropped after, as a sharded model's gathered
+    weights are (``FsdpBackend.full_state``): the allocator hands the next one the freed address."""
+
+    def items(self):
+        for name, tensor in super().items():
+            yield name, tensor.clone()
+
+
+def test_to_transfer_does_not_tie_a_tensor_to_one_freed_before_at_its_address() -> None:
+    state = {f"layer{i}": torch.full((64, 64), float(i)) for i in range(6)}
+    state["head"] = state["layer0"]  # a tie the made-as-read state cannot show (each read is a new tensor)
+    copied = to_transfer(_MadeAsRead(state), "fp32")
+    for name, tensor in state.items():
+        assert torch.equal(copied[name], tensor), name
+
+
 def test_real_tiny_model_after_adamw_steps_round_trips_through_the_log(tmp_path: Path) -> None:
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()

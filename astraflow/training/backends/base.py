@@ -5,13 +5,16 @@ touches parameters: the module the forward pass runs through, ``backward``, the 
 with gradient clipping, and an optimizer object whose ``state_dict`` / ``load_state_dict``
 ``CheckpointStore`` saves next to the model. That keeps the checkpoint contract one contract:
 model, optimizer, offsets, version in one atomic directory, whichever backend trained them.
-``backend.model`` is always the plain module whose ``state_dict`` holds the current weights
-(what the trainer publishes).
+``backend.model`` is always the plain module the weights belong to; ``full_state`` is what the
+trainer publishes and ``model_state`` what checkpoints hold: the model's own ``state_dict`` unless
+the backend shards it over ranks (FSDP2), whose full tensors every rank then gathers together.
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -36,6 +39,22 @@ class TrainerBackend(ABC):
     def module(self) -> torch.nn.Module:
         """What to run the forward pass through (the model itself unless the backend wraps it)."""
         return self.model
+
+    @property
+    def model_state(self) -> OptimizerState:
+        """What a checkpoint saves and restores of the model (``state_dict`` / ``load_state_dict``): the
+        full, unsharded weights. On a sharded backend both are collectives that every rank calls."""
+        return self.model
+
+    def full_state(self) -> Mapping[str, torch.Tensor]:
+        """The full weights to publish, by name. On a sharded backend its tensors are gathered one at a
+        time as they are read, and every rank reads it through, in the same order."""
+        return self.model.state_dict()
+
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager:
+        """Wraps the forward and backward of one micro-batch; ``last`` marks the step's final one, the
+        only one whose gradients a data-parallel backend reduces over the ranks."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def zero_grad(self) -> None:

@@ -1,0 +1,105 @@
+"""Starting a trainer of several ranks: ``astraflow train --nproc N`` becomes PyTorch's elastic
+launcher (``torch.distributed.run``) running N copies of the same command.
+
+``astraflow train`` runs the launcher's agent in its own process (``run_launcher``), so the process
+``astraflow run`` supervises, and signals, is the agent: SIGTERM reaches every rank through it (rank
+0 finishes its step and checkpoints; the agent waits for that, then the command exits 0 as any
+component stopped by a signal does), and a rank that dies makes it end the others and restart the
+group (``--max-restarts``), which resumes from the last checkpoint; when the restarts are spent the
+command fails, and ``astraflow run`` restarts it in turn. Each rank runs ``astraflow train`` again
+with the same arguments (less ``LAUNCH_OPTIONS``); the launcher's environment tells it that it is a
+rank (``training.distributed.launched``), so it does not launch again.
+
+Rendezvous: one machine uses ``--standalone`` (a c10d store on a free local port). Several machines
+(``--nnodes``) meet at ``--rdzv-endpoint HOST:PORT`` through the c10d rendezvous (any agent may be
+first; the node ranks are assigned), or, with ``--node-rank``, through the static one, where
+the endpoint is node 0's address.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+MAX_RESTARTS = 3
+"""Restarts of the whole group the launcher makes after a rank failed, before it gives up (and
+``astraflow run`` restarts it in turn)."""
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """How many ranks, on how many machines, meeting where."""
+
+    nproc: int = 1
+    """Ranks on this machine."""
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    run_id: str = "astraflow"
+    """The rendezvous id: the same for every machine of one trainer."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def check(self) -> None:
+        """A ``ValueError`` naming what is missing or wrong."""
+        if self.nproc < 1 or self.nnodes < 1:
+            raise ValueError(f"--nproc ({self.nproc}) and --nnodes ({self.nnodes}) must be at least 1")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(f"--nnodes {self.nnodes}: give --rdzv-endpoint HOST:PORT, where the machines meet")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
+
+
+LAUNCH_OPTIONS = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint")
+"""The options of ``astraflow train`` that say how to launch: a rank needs none of them, and the
+launcher's own parser would take ``--nproc`` for an ambiguous ``--nproc-per-node``."""
+
+
+def rank_command(argv: list[str]) -> list[str]:
+    """``argv`` (``astraflow`` arguments) without ``LAUNCH_OPTIONS`` and their values."""
+    kept: list[str] = []
+    skip = False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument in LAUNCH_OPTIONS:
+            skip = True
+        elif not argument.startswith(tuple(f"{option}=" for option in LAUNCH_OPTIONS)):
+            kept.append(argument)
+    return kept
+
+
+def launcher_argv(launch: RankLaunch, command: list[str], python: str = sys.executable) -> list[str]:
+    """The ``torch.distributed.run`` command line that runs ``command`` (``astraflow`` arguments, less
+    ``LAUNCH_OPTIONS``) as the ranks of ``launch``."""
+    launch.check()
+    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc)]
+    argv += ["--max-restarts", str(MAX_RESTARTS)]
+    if launch.nnodes == 1 and not launch.rdzv_endpoint:
+        argv += ["--standalone"]
+    elif launch.node_rank is not None:
+        argv += ["--nnodes", str(launch.nnodes), "--node-rank", str(launch.node_rank)]
+        argv += ["--rdzv-backend", "static", "--rdzv-endpoint", launch.rdzv_endpoint or ""]
+    else:
+        argv += ["--nnodes", str(launch.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", str(launch.rdzv_endpoint)]
+        argv += ["--rdzv-id", launch.run_id]
+    return argv + ["-m", "astraflow.cli", *rank_command(command)]
+
+
+def run_launcher(launch: RankLaunch, command: list[str]) -> None:
+    """Run ``command`` as the ranks of ``launch`` under ``torch.distributed.run``'s agent, in this process,
+    until the ranks exit; a stop signal (which the agent passes on to them) ends it normally."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main
+
+    argv = launcher_argv(launch, command)
+    logger.info("starting %d trainer ranks: %s", launch.nproc, " ".join(argv))
+    try:
+        main(argv[3:])  # what follows ``python -m torch.distributed.run``
+    except SignalException as exc:
+        logger.info("the trainer's ranks stopped on signal %s", exc.sigval)

@@ -1,0 +1,94 @@
+"""The math job with a trainer of two ranks (``train.world_size: 2``, DDP on gloo) learns, and survives
+the SIGKILL of a rank.
+
+``astraflow run`` starts the trainer under ``torch.distributed.run``; rank 0 reads the samples and
+writes the log, rank 1 trains its half of every batch. Mid-run rank 1 is killed: the elastic agent
+ends rank 0 too and restarts both, which resume from the last checkpoint (``checkpoint_every: 1``)
+as a restarted trainer does. Afterwards every trajectory has one fate (``astraflow audit``: none
+lost, none trained twice), only rank 0 wrote metrics, and the held-out score rose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from astraflow.launch.monitor import gain_over_base
+from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+MAX_VERSIONS = 25
+KILL_AT = 6
+"""The version after which rank 1 is killed: checkpointed, and far enough before the last evaluations."""
+MARGIN = 0.05
+"""Gain of the mean of the last two held-out evaluations over the base, as ``test_faults.py`` asks of a
+run with faults: the clean main job gains 0.08-0.2 by versions 20-25; the mean of two evaluations of
+200 prompts varies by ~0.025."""
+
+
+def trainer_version(run_dir: Path) -> int:
+    """The newest version the trainer logged (``version N: loss ...`` in its output)."""
+    text = (
+        (run_dir / "logs" / "train.out").read_text(errors="replace")
+        if (run_dir / "logs" / "train.out").exists()
+        else ""
+    )
+    versions = [int(line.split("version ", 1)[1].split(":", 1)[0]) for line in text.splitlines() if ": loss " in line]
+    return max(versions, default=0)
+
+
+def rank_pid(run_dir: Path, rank: int) -> int:
+    """The pid of the newest process of trainer rank ``rank`` (its log file is named after it)."""
+    logs = sorted((run_dir / "logs").glob(f"train-rank{rank}-*.log"), key=lambda path: path.stat().st_mtime)
+    assert logs, list((run_dir / "logs").iterdir())
+    return int(logs[-1].stem.rsplit("-", 1)[1])
+
+
+def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path) -> None:
+    config = write_config(
+        run_dir / "test.yaml",
+        run="ranks",
+        train={"world_size": 2, "threads": 1},
+        eval={"every_versions": 5},
+        stop={"max_minutes": 12, "max_versions": MAX_VERSIONS, "target_accuracy": None},
+    )
+    with (run_dir / "launcher.out").open("wb") as out:
+        launcher = subprocess.Popen(
+            [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while trainer_version(run_dir) < KILL_AT and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        killed = rank_pid(run_dir, 1)
+        os.kill(killed, signal.SIGKILL)
+        launcher.wait(timeout=900)
+    finally:
+        stop_processes([launcher])
+    assert launcher.returncode == 0, (run_dir / "launcher.out").read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] >= MAX_VERSIONS, summary
+    # the elastic agent restarted the ranks: a new rank 1 trained after the killed one
+    assert rank_pid(run_dir, 1) != killed
+    audit = subprocess.run(
+        [str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300
+    )
+    report = json.loads(audit.stdout)
+    [policy] = report["policies"]
+    assert report["ok"] and not policy["lost"] and not policy["trained_twice"], report
+    # rank 0 alone wrote to the log: the trainer's metrics come from one process per start
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    writers = {row["labels"]["instance"] for row in rows if row["component"] == "train"}
+    rank0_pids = {path.stem.rsplit("-", 1)[1] for path in (run_dir / "logs").glob("train-[0-9]*.log")}
+    assert {writer.rsplit("-", 1)[1] for writer in writers} <= rank0_pids, (writers, rank0_pids)
+    accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
+    assert gain_over_base(accuracy) >= MARGIN, summary

@@ -1,0 +1,74 @@
+"""One rank of a learner trained on fixed batches, for the tests of a trainer of several ranks.
+
+``python -m torch.distributed.run --nproc-per-node N -m tests.integration.learner_ranks BACKEND OUT``
+builds the tiny model of ``SPEC`` and the batches of ``BATCH_SIZES`` (the same in every process),
+takes one optimizer step per batch with ``train.backend`` BACKEND (``torch``: DDP; ``fsdp``: FSDP2),
+each rank on its share, then writes from rank 0 to ``OUT`` (``torch.save``) the full weights as the
+trainer's publisher copies them (``to_transfer`` of ``backend.full_state``, read by every rank), each step's loss and
+gradient norm, and for ``fsdp`` the full optimizer state of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.training.distributed import Ranks, init_group
+from astraflow.training.learner import build_learner
+from astraflow.training.step import PolicyExample, PolicyStepConfig
+from astraflow.weights.payload import to_transfer
+
+SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
+STEP = PolicyStepConfig(lr=1e-3, lr_warmup_steps=0, lr_decay_steps=0, max_grad_norm=0.5, micro_batch_size=2)
+BATCH_SIZES = (7, 5, 8, 1, 6)
+"""Five batches: odd sizes give ranks shares of different lengths, 1 leaves a rank with none."""
+
+
+def batches(vocab_size: int) -> list[list[PolicyExample]]:
+    """The fixed batches: random prompts and responses of varied lengths, some tokens masked."""
+    rng = np.random.default_rng(0)
+    out = []
+    for size in BATCH_SIZES:
+        batch = []
+        for _ in range(size):
+            prompt = rng.integers(3, vocab_size, size=int(rng.integers(3, 8)), dtype=np.int32)
+            response = rng.integers(3, vocab_size, size=int(rng.integers(2, 7)), dtype=np.int32)
+            mask = (rng.random(len(response)) > 0.2).astype(np.uint8)
+            behaviour = (-rng.random(len(response)) * 3 - 0.5).astype(np.float32)
+            batch.append(PolicyExample(prompt, response, behaviour, mask, float(rng.normal())))
+        out.append(batch)
+    return out
+
+
+def train(backend: str, ranks: Ranks) -> tuple[dict[str, torch.Tensor], list[float], object]:
+    """The learner of ``backend`` after one step per batch: (full weights, [loss, norm, ...], learner)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, SPEC)
+    if ranks.distributed or backend == "fsdp":
+        init_group(ranks)
+    learner = build_learner(backend, model, tokenizer.pad_token_id, STEP, ranks=ranks)
+    figures = []
+    for batch in batches(len(tokenizer)):
+        stats = learner.step(batch)
+        figures += [stats.loss, stats.grad_norm]
+    weights = to_transfer(learner.backend.full_state(), "fp32")  # as the trainer's publisher reads them
+    return weights, figures, learner
+
+
+def main(backend: str, out: str) -> None:
+    ranks = Ranks.from_env()
+    weights, figures, learner = train(backend, ranks)
+    optimizer = learner.optimizer.state_dict() if backend == "fsdp" else None  # a collective: every rank
+    if ranks.leader:
+        torch.save({"weights": weights, "figures": figures, "optimizer": optimizer}, out)
+    torch.distributed.barrier()  # no rank leaves the group while another still uses it
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

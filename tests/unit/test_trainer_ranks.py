@@ -1,0 +1,118 @@
+"""A trainer of several ranks, without starting any: each rank's share of a batch, its micro-batches,
+the launcher command line and the config's checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from astraflow.config import parse_config
+from astraflow.launch.ranks import MAX_RESTARTS, RankLaunch, launcher_argv
+from astraflow.training.distributed import Ranks, share
+from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+def test_shares_are_disjoint_contiguous_and_cover_the_batch(world_size: int) -> None:
+    for count in range(0, 40):
+        shares = [share(count, rank, world_size) for rank in range(world_size)]
+        taken = [index for part in shares for index in part]
+        assert taken == list(range(count))  # in the batch's order: disjoint, nothing skipped, nothing twice
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_a_rank_outside_the_world_has_no_share() -> None:
+    with pytest.raises(ValueError, match="rank 2 is outside a world of 2"):
+        share(5, 2, 2)
+
+
+class _NoBackend:
+    """What ``PolicyTrainer`` needs of a backend to cut micro-batches (nothing is trained)."""
+
+    optimizer = None
+
+
+def _examples(count: int) -> list[PolicyExample]:
+    return [
+        PolicyExample(
+            np.array([3, 4], np.int32),
+            np.array([5, 6], np.int32),
+            np.zeros(2, np.float32),
+            np.ones(2, np.uint8),
+            float(i),
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize(("count", "micro"), [(7, 2), (5, 2), (1, 2), (8, None), (3, None), (9, 4)])
+def test_every_rank_runs_as_many_micro_batches_and_together_they_train_each_sample_once(count, micro) -> None:
+    examples = _examples(count)
+    parts = {
+        rank: PolicyTrainer(
+            None, 0, PolicyStepConfig(micro_batch_size=micro), backend=_NoBackend(), ranks=Ranks(rank, 2, rank)
+        )._parts(examples)
+        for rank in range(2)
+    }
+    assert len(parts[0]) == len(parts[1])  # FSDP2 gathers in every forward: the ranks must run alike
+    trained = [
+        example.advantage for rank in (0, 1) for part in parts[rank] for example in part if example.loss_mask.any()
+    ]
+    assert trained == [float(i) for i in range(count)]
+    muted = [example for rank in (0, 1) for part in parts[rank] for example in part if not example.loss_mask.any()]
+    assert all(example.advantage == 0.0 for example in muted)  # a rank with nothing left runs a zero-loss copy
+
+
+def test_one_machine_uses_a_standalone_rendezvous() -> None:
+    argv = launcher_argv(RankLaunch(nproc=2), ["train", "c.yaml", "--run-dir", "r"], python="py")
+    assert argv == [
+        "py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", str(MAX_RESTARTS),
+        "--standalone", "-m", "astraflow.cli", "train", "c.yaml", "--run-dir", "r",
+    ]  # fmt: skip
+
+
+def test_ranks_run_the_command_without_the_launch_options() -> None:
+    command = [
+        "train",
+        "c.yaml",
+        "--nproc",
+        "2",
+        "--nnodes=2",
+        "--node-rank",
+        "0",
+        "--rdzv-endpoint",
+        "h:1",
+        "--policy",
+        "p",
+    ]
+    assert launcher_argv(RankLaunch(2, 2, 0, "h:1"), command, "py")[-5:] == [
+        "astraflow.cli",
+        "train",
+        "c.yaml",
+        "--policy",
+        "p",
+    ]
+
+
+def test_machines_meet_at_the_endpoint() -> None:
+    c10d = launcher_argv(RankLaunch(2, 2, rdzv_endpoint="10.0.0.1:29400", run_id="math.train.main"), ["train"], "py")
+    assert c10d[c10d.index("--nnodes") :] == [
+        "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "math.train.main",
+        "-m", "astraflow.cli", "train",
+    ]  # fmt: skip
+    static = launcher_argv(RankLaunch(1, 2, node_rank=1, rdzv_endpoint="10.0.0.1:29400"), ["train"], "py")
+    assert static[static.index("--nnodes") :][:8] == [
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static", "--rdzv-endpoint", "10.0.0.1:29400",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="--rdzv-endpoint"):
+        launcher_argv(RankLaunch(1, 2), ["train"])
+    with pytest.raises(ValueError, match="--node-rank 2 is outside 0..1"):
+        launcher_argv(RankLaunch(1, 2, node_rank=2, rdzv_endpoint="h:1"), ["train"])
+
+
+def test_world_size_needs_a_backend_that_shards() -> None:
+    assert parse_config({"train": {"world_size": 2, "backend": "fsdp"}}).train.world_size == 2
+    assert parse_config({"train": {}}).train.world_size == 1
+    for backend in ("simulated", "deepspeed"):
+        with pytest.raises(Exception, match=f"world_size: 2 ranks of backend '{backend}'"):
+            parse_config({"train": {"world_size": 2, "backend": backend}})
