@@ -92,6 +92,7 @@ def test_embedded_run_survives_kills(run_dir: Path) -> None:
     check(summary, audit, injector)
 
 
+@pytest.mark.long  # left out of make test (time budget); benchmarks/chaos.py runs it at length, 3 nodes
 def test_kafka_run_survives_kills_and_a_broker_restart(run_dir: Path, tmp_path: Path, unique: str) -> None:
     from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
     from tests._broker import unavailable

@@ -20,7 +20,8 @@ from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory
 from tests.e2e.conftest import ASTRAFLOW, write_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+# long: left out of make test (time budget); the solver + verifier test covers several policies there
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1200)]
 
 POLICIES = {
     "alpha": {},
