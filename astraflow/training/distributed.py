@@ -37,6 +37,10 @@ KEEPALIVE_S = 60.0
 """Rank 0 waiting for samples tells the other ranks so at least this often."""
 GROUP_TIMEOUT = timedelta(minutes=30)
 """How long a collective may wait for a rank: far above ``KEEPALIVE_S`` and a step's time."""
+STORE_KEY = "astraflow/trainer-store"
+"""The key of the launcher's store under which rank 0 leaves the address of the store of its start."""
+STORE_PROBE = timedelta(seconds=3)
+"""How long a rank tries to reach the store an address names before it reads the address again."""
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 """What ``torch.distributed.run`` sets in every rank's environment."""
 
@@ -112,8 +116,43 @@ def init_group(ranks: Ranks) -> None:
     backend = group_backend()
     if backend == "nccl":
         torch.cuda.set_device(rank_device(ranks))
-    dist.init_process_group(backend, timeout=GROUP_TIMEOUT)
+    store = start_store(ranks)
+    dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size, timeout=GROUP_TIMEOUT)
     logger.info("rank %d of %d joined its %s process group", ranks.rank, ranks.world_size, backend)
+
+
+def start_store(ranks: Ranks) -> Any:
+    """The store the ranks of this start of the trainer meet in, hosted by rank 0 (a ``TCPStore``).
+
+    The launcher's own store outlives a start: when a rank dies and the launcher restarts the group,
+    the keys the last start's process group wrote (each rank's gloo address) are still there, and a
+    new rank that read one before its peer rewrote it connected to a dead process (``Gloo
+    connectFullMesh failed ... Connection refused``) and failed the restart. So rank 0 hosts a store
+    of its own, which dies with it, and leaves its address in the launcher's store; the others take
+    an address that no longer answers for the last start's and read it again until this start's
+    rank 0 has written it."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
+
+    launcher, _rank, _world = next(
+        rendezvous("env://", rank=ranks.rank, world_size=ranks.world_size, timeout=GROUP_TIMEOUT)
+    )
+    if ranks.leader:
+        own = dist.TCPStore(
+            "0.0.0.0", 0, ranks.world_size, is_master=True, timeout=GROUP_TIMEOUT, wait_for_workers=False
+        )
+        launcher.set(STORE_KEY, f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{own.port}")
+        return own
+    deadline = time.monotonic() + GROUP_TIMEOUT.total_seconds()
+    while True:
+        host, port = launcher.get(STORE_KEY).decode().rsplit(":", 1)
+        try:
+            return dist.TCPStore(host, int(port), ranks.world_size, is_master=False, timeout=STORE_PROBE)
+        except RuntimeError as exc:  # DistNetworkError: nothing listens there
+            if time.monotonic() > deadline:
+                raise
+            logger.info("rank %d: no store answers at %s:%s (a previous start's?): %s", ranks.rank, host, port, exc)
+            time.sleep(0.5)
 
 
 def share(count: int, rank: int, world_size: int) -> range:

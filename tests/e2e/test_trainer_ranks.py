@@ -44,6 +44,11 @@ def trainer_version(run_dir: Path) -> int:
     return max(versions, default=0)
 
 
+def train_tail(run_dir: Path) -> str:
+    """The end of the trainer's output (agent and ranks), for an assertion's message."""
+    return (run_dir / "logs" / "train.out").read_text(errors="replace")[-4000:]
+
+
 def rank_pid(run_dir: Path, rank: int) -> int:
     """The pid of the newest process of trainer rank ``rank`` (its log file is named after it)."""
     logs = sorted((run_dir / "logs").glob(f"train-rank{rank}-*.log"), key=lambda path: path.stat().st_mtime)
@@ -76,7 +81,7 @@ def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path) -> No
         stop_processes([launcher])
     assert launcher.returncode == 0, (run_dir / "launcher.out").read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["versions"] >= MAX_VERSIONS, summary
+    assert summary["versions"] >= MAX_VERSIONS, (summary, train_tail(run_dir))
     # the elastic agent restarted the ranks: a new rank 1 trained after the killed one
     assert rank_pid(run_dir, 1) != killed
     audit = subprocess.run(
