@@ -84,7 +84,15 @@ from astraflow.models.base import base_checkpoint_path, model_limits
 from astraflow.rundir import RunDir
 from astraflow.schemas.records import LedgerEntry, PromptStats, TrainSample
 from astraflow.schemas.validation import Limits, validate
-from astraflow.training.checkpoint import RECALL_WINDOW, CheckpointStore, TrainerState, load_checkpoint
+from astraflow.training.checkpoint import (
+    RECALL_WINDOW,
+    CheckpointStore,
+    TrainerState,
+    is_sharded,
+    load_checkpoint,
+    load_sharded,
+    save_sharded,
+)
 from astraflow.training.distributed import SINGLE, CommandChannel, Ranks
 from astraflow.weights.publish import WeightPublisher
 
@@ -131,9 +139,12 @@ def build_rank_learner(config: RunConfig, run_dir: Path, ranks: Ranks = SINGLE) 
 
 def restore_rank(learner: Learner, directory: Path | None, version: int) -> TrainerState | None:
     """Load the checkpoint in ``directory`` (none: keep the base) into this rank's learner, which
-    then trains from ``version``; every rank does it with the directory rank 0 chose."""
+    then trains from ``version``; every rank does it with the directory rank 0 chose. A checkpoint of
+    several ranks (``sharded/``) loads whatever this world's size; so does one of one rank."""
     restored = None
-    if directory is not None:
+    if directory is not None and is_sharded(Path(directory)):
+        restored = load_sharded(Path(directory), *learner.backend.sharded_parts())
+    elif directory is not None:
         restored = load_checkpoint(Path(directory), learner.backend.model_state, learner.optimizer)
     learner.version = version
     return restored
@@ -478,8 +489,13 @@ class Trainer:
     def _checkpoint(self) -> None:
         """An atomic checkpoint of the current version, with the offsets after its batch."""
         state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch)
-        self.commands.send("checkpoint")  # a sharded model's ranks gather its state together
-        self.checkpoints.save(self.learner.backend.model_state, self.learner.optimizer, state)
+        if self.ranks.distributed:  # every rank writes its shards (training/checkpoint.py)
+            tmp = self.checkpoints.begin(state.version)
+            self.commands.send("checkpoint", directory=str(tmp))
+            save_sharded(tmp, *self.learner.backend.sharded_parts())
+            self.checkpoints.commit(tmp, state)
+        else:
+            self.checkpoints.save(self.learner.backend.model_state, self.learner.optimizer, state)
         self.checkpointed = self.learner.version
 
     def _advance(self, taken: list[tuple[TrainSample | None, Message]]) -> None:

@@ -11,8 +11,9 @@ record; it builds the same learner over the same base checkpoint and follows ran
   ranks of one machine) and take the version to train from;
 - ``step``: one optimizer step on the broadcast batch, of which ``PolicyTrainer.step`` trains this
   rank's share; a step that is not finite is skipped by every rank alike;
-- ``publish`` / ``checkpoint``: take part in gathering a sharded model's full tensors (and optimizer
-  state), which only rank 0 keeps;
+- ``publish``: take part in gathering a sharded model's full tensors, which only rank 0 keeps;
+- ``checkpoint``: write this rank's shards of the model and optimizer state into the directory rank 0
+  names, with ``torch.distributed.checkpoint`` (rank 0 then makes the checkpoint whole);
 - ``idle``: nothing (rank 0 is waiting for samples).
 
 A stop signal does not end a ``TrainerRank``: rank 0 finishes its step, checkpoints (which may
@@ -29,6 +30,7 @@ from pathlib import Path
 from astraflow.config import RunConfig
 from astraflow.consumers.trainer import build_rank_learner, restore_rank
 from astraflow.errors import NonFiniteStepError
+from astraflow.training.checkpoint import save_sharded
 from astraflow.training.distributed import CommandChannel, Ranks
 
 logger = logging.getLogger(__name__)
@@ -76,9 +78,8 @@ class TrainerRank:
         for _name, _tensor in self.learner.backend.full_state().items():
             pass  # gathered with rank 0, which publishes them; this rank drops each at once
 
-    def _on_checkpoint(self) -> None:
-        self.learner.backend.model_state.state_dict()  # gathered with rank 0, which writes them
-        self.learner.optimizer.state_dict()
+    def _on_checkpoint(self, directory: str) -> None:
+        save_sharded(Path(directory), *self.learner.backend.sharded_parts())
 
     def _on_idle(self) -> None:
         """Rank 0 is waiting for samples."""

@@ -14,6 +14,16 @@ log offsets of the *next* sample to train on, so a resumed trainer seeks there: 
 optimizer step and its checkpoint redoes that step from the same samples and never skips data.
 Which samples went into which version is the ledger's (``consumers/trainer_ledger.py``), not the
 checkpoint's.
+
+A trainer of one rank writes ``model.pt`` and ``optimizer.pt`` (full state dicts). A trainer of
+several ranks writes ``sharded/`` instead, with ``torch.distributed.checkpoint`` (DCP): every rank
+saves its own shards of the model and of the optimizer state (FSDP2's DTensors; of DDP's replicas
+one copy, which DCP spreads over the ranks), so no rank gathers the whole model, and rank 0 writes
+``state.json`` and renames the directory once DCP's metadata is written, which is after every rank
+wrote its files. DCP loads by parameter name and global shape whatever the world size: a checkpoint of
+two ranks resumes under one or under four, and one of one rank under several (every rank then loads
+the full state dict and keeps its shard). ``read_model_state`` reads the full weights of either kind
+in one process (``astraflow export-model``).
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ if TYPE_CHECKING:
     from astraflow.training.backends.base import OptimizerState
 
 
+SHARDED = "sharded"
+"""The folder of a checkpoint in ``torch.distributed.checkpoint``'s format, written by every rank."""
 RECALL_WINDOW = 20_000
 """Sample ids per partition a restarted trainer re-reads below its checkpointed offsets."""
 
@@ -102,19 +114,30 @@ class CheckpointStore:
         return latest_checkpoint(self.directory)
 
     def save(self, model: OptimizerState, optimizer: OptimizerState, state: TrainerState) -> Path:
+        """A checkpoint of full state dicts (a trainer of one rank), written by this process alone."""
         import torch
 
-        final = version_dir(self.directory, state.version)
-        tmp = final.with_name(final.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=False)
-        if final.exists():  # a checkpoint of this number whose version was never committed
-            shutil.rmtree(final)
+        tmp = self.begin(state.version)
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        return self.commit(tmp, state)
+
+    def begin(self, version: int) -> Path:
+        """The empty ``.tmp`` directory a checkpoint of ``version`` is written into (step 1)."""
+        tmp = version_dir(self.directory, version).with_name(f"v{version:08d}.tmp")
+        tmp.mkdir(parents=True, exist_ok=False)
+        return tmp
+
+    def commit(self, tmp: Path, state: TrainerState) -> Path:
+        """Write ``state`` into ``tmp``, sync every file and make the checkpoint whole (steps 1-3)."""
+        final = version_dir(self.directory, state.version)
+        if final.exists():  # a checkpoint of this number whose version was never committed
+            shutil.rmtree(final)
         (tmp / "state.json").write_text(state.to_json())
-        for path in tmp.iterdir():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                with path.open("rb") as handle:
+                    os.fsync(handle.fileno())
         os.rename(tmp, final)
         directory_fd = os.open(self.directory, os.O_RDONLY)
         try:
@@ -145,8 +168,51 @@ class CheckpointStore:
         return None
 
 
+def is_sharded(directory: Path) -> bool:
+    """Whether the checkpoint in ``directory`` was written by several ranks (``SHARDED``)."""
+    return (directory / SHARDED).is_dir()
+
+
+def save_sharded(tmp: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    r"""This rank's shards of ``module`` and ``optimizer`` into ``tmp/sharded``: a collective every rank
+    calls with the same ``tmp``; rank 0 then ``commit``\ s it (when its call returns, all have written)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(module, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / SHARDED)
+
+
+def load_sharded(directory: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState:
+    """Load the sharded checkpoint in ``directory`` into this rank's ``module`` and ``optimizer`` (a
+    collective with several ranks; in one process without a group, the whole of it); its trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(module, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=directory / SHARDED)
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return TrainerState.from_json((directory / "state.json").read_text())
+
+
+def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
+    """The full weights of the checkpoint in ``directory``, by name, read in this process (on the CPU)."""
+    import torch
+
+    if is_sharded(directory):
+        import warnings
+
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            return dict(_load_state_dict_from_keys("model", checkpoint_id=directory / SHARDED)["model"])
+    return torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+
+
 def load_checkpoint(directory: Path, model: OptimizerState, optimizer: OptimizerState) -> TrainerState:
-    """Load the checkpoint in ``directory`` into ``model`` and ``optimizer`` (anything with
+    """Load the full-state checkpoint in ``directory`` into ``model`` and ``optimizer`` (anything with
     ``load_state_dict``: a backend's ``model_state`` too); its trainer state."""
     import torch
 

@@ -1,6 +1,7 @@
 """A checkpointed version of a policy as a Hugging Face ``save_pretrained`` directory.
 
-A trainer checkpoint (``checkpoints/<policy>/vNNNNNNNN/model.pt``) is a bare state dict; the
+A trainer checkpoint (``checkpoints/<policy>/vNNNNNNNN/``) holds a bare state dict (``model.pt``, or
+``sharded/`` when several ranks wrote it; ``training/checkpoint.py read_model_state``); the
 architecture and the tokenizer are the base checkpoint's. Steps of an export:
 
 1. Load the base checkpoint (its config, in its stored dtype) and its tokenizer as saved.
@@ -26,7 +27,7 @@ from astraflow.config import RunConfig
 from astraflow.errors import ConfigError
 from astraflow.models.base import base_checkpoint_path
 from astraflow.rundir import RunDir
-from astraflow.training.checkpoint import checkpointed_versions, version_dir
+from astraflow.training.checkpoint import SHARDED, checkpointed_versions, is_sharded, read_model_state, version_dir
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ def checkpoint_for(run_dir: Path, policy: str, version: int | None = None) -> tu
             "(the trainer keeps its newest few)"
         )
     path = version_dir(directory, chosen)
-    if not (path / "model.pt").is_file():
-        raise ConfigError(f"{path}: no model.pt, so no weights to export")
+    if not (path / "model.pt").is_file() and not is_sharded(path):
+        raise ConfigError(f"{path}: neither model.pt nor {SHARDED}/, so no weights to export")
     return path, chosen
 
 
@@ -66,14 +67,13 @@ def export_version(
         raise ConfigError(f"--out {out}: already exists; choose a new directory")
     base = base_checkpoint_path(narrowed, run_dir)
 
-    import torch  # only now: a wrong version or directory is reported without loading torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.weights.payload import to_transfer
 
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype="auto")
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    state = torch.load(checkpoint / "model.pt", map_location="cpu", weights_only=True)
+    state = read_model_state(checkpoint)
     model.load_state_dict(to_transfer(state, narrowed.weights.transfer_dtype))
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -9,9 +9,11 @@ weights are committed (``golden/trainer_reference.json``): the two ranks must re
 fp32 rounding (losses to 1e-5 relative; per tensor, the sum and norm of the weights to 1e-5), every
 sample must be trained once (the ledger's sample ids), and the run must stop cleanly on SIGTERM.
 
-Checkpoints hold the full state whatever the world size, so one written by one rank resumes under two
-and the reverse: one batch of samples at a time, ``astraflow train`` trains version 1 with one rank,
-2 with two (DDP), 3 with one again, each resuming from the checkpoint before.
+A trainer of one rank checkpoints full state dicts (``model.pt``), one of several ranks its shards
+(``sharded/``, ``torch.distributed.checkpoint``): the FSDP2 run's final weights are read back from its
+shards, and each kind resumes under the other world size: one batch of samples at a time, ``astraflow
+train`` trains version 1 with one rank, 2 with two (DDP, a sharded checkpoint), 3 with one again, each
+resuming from the checkpoint before.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from astraflow.attach import decode_snapshot
 from astraflow.broker.local import free_port
@@ -34,6 +35,7 @@ from astraflow.context import ComponentContext
 from astraflow.log import open_log
 from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.schemas.records import LedgerEntry, Metric
+from astraflow.training.checkpoint import is_sharded, read_model_state
 from tests.unit.test_trainer_reference import REFERENCE, VERSIONS, recorded_samples
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,7 +137,9 @@ def test_two_agents_on_loopback_train_one_policy_like_one_rank(tmp_path: Path) -
         metrics = [record for _, record in decode_snapshot(log, "math.metrics") if isinstance(record, Metric)]
     losses = [m.value for m in sorted(metrics, key=lambda m: m.step) if m.name == "train.loss"]
     np.testing.assert_allclose(losses, reference["losses"], rtol=1e-5, atol=1e-6)
-    weights = torch.load(run_dir / "checkpoints" / "main" / f"v{VERSIONS:08d}" / "model.pt", weights_only=True)
+    final = run_dir / "checkpoints" / "main" / f"v{VERSIONS:08d}"
+    assert is_sharded(final) and not (final / "model.pt").exists()  # each rank wrote its own shards
+    weights = read_model_state(final)
     assert weights.keys() == reference["final_sum_norm"].keys()
     for name, figures in reference["final_sum_norm"].items():
         tensor = weights[name].double()
@@ -150,6 +154,8 @@ def test_a_trainer_resumes_under_another_world_size(tmp_path: Path) -> None:
     two = train_until(tmp_path, 2, ("--nproc", "2"), name="two")
     assert "rank 1: restored" in two and "v00000001, training from version 1" in two, two[-6000:]
     add_samples(config, run_dir, samples[2 * batch :])
+    checkpoints = run_dir / "checkpoints" / "main"
+    assert (checkpoints / "v00000001" / "model.pt").is_file() and is_sharded(checkpoints / "v00000002")
     one = train_until(tmp_path, 3, ("--nproc", "1"), name="again")
     assert "resumed main at version 2" in one, one[-6000:]
     entries = ledger(run_dir)

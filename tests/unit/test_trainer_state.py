@@ -6,7 +6,15 @@ from pathlib import Path
 
 import torch
 
-from astraflow.training.checkpoint import CheckpointStore, TrainerState, read_latest_state
+from astraflow.training.checkpoint import (
+    CheckpointStore,
+    TrainerState,
+    is_sharded,
+    load_sharded,
+    read_latest_state,
+    read_model_state,
+    save_sharded,
+)
 
 
 def test_the_state_round_trips_and_reads_without_the_model(tmp_path: Path) -> None:
@@ -32,3 +40,30 @@ def test_restore_takes_the_newest_checkpoint_it_accepts(tmp_path: Path) -> None:
 def test_a_state_written_before_the_ledger_existed_reads_with_epoch_0() -> None:
     old = '{"version": 2, "offsets": {"0": 16}, "trained_samples": 16, "history": [], "resumes": []}'
     assert TrainerState.from_json(old) == TrainerState(2, {0: 16}, 16, 0)
+
+
+def test_a_sharded_checkpoint_restores_model_and_optimizer_in_one_process(tmp_path: Path) -> None:
+    """What a trainer of several ranks writes (``sharded/``) loads into a trainer of one, and its weights
+    read back whole; in one process DCP writes all of it (the ranks' split is the integration tests')."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    store = CheckpointStore(tmp_path)
+    tmp = store.begin(7)
+    save_sharded(tmp, model, optimizer)
+    final = store.commit(tmp, TrainerState(7, {0: 70}, 56, epoch=3))
+    assert is_sharded(final) and not (final / "model.pt").exists() and read_latest_state(tmp_path).version == 7
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert load_sharded(final, fresh, fresh_optimizer) == TrainerState(7, {0: 70}, 56, 3)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+        assert torch.equal(read_model_state(final)[name], tensor), name
+    saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert saved.keys() == loaded.keys()
+    for index, moments in saved.items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(loaded[index][key], moments[key]), (index, key)

@@ -46,6 +46,16 @@ class TrainerBackend(ABC):
         full, unsharded weights. On a sharded backend both are collectives that every rank calls."""
         return self.model
 
+    def sharded_parts(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The module and the torch optimizer a checkpoint of several ranks saves and loads with
+        ``torch.distributed.checkpoint`` (``training/checkpoint.py``)."""
+        from astraflow.errors import ConfigError
+
+        raise ConfigError(
+            f"{type(self).__name__} cannot write or read a checkpoint of several ranks "
+            "(torch.distributed.checkpoint): train.backend torch or fsdp can"
+        )
+
     def full_state(self) -> Mapping[str, torch.Tensor]:
         """The full weights to publish, by name. On a sharded backend its tensors are gathered one at a
         time as they are read, and every rank reads it through, in the same order."""

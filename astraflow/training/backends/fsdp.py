@@ -165,6 +165,9 @@ class FsdpBackend(TrainerBackend):
     def full_state(self) -> Mapping[str, torch.Tensor]:
         return GatheredState(self.model)
 
+    def sharded_parts(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        return self.model, self._adamw
+
     def accumulating(self, last: bool) -> contextlib.AbstractContextManager:
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()

@@ -17,6 +17,9 @@ class TorchBackend(TrainerBackend):
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
 
+    def sharded_parts(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        return self.model, self.optimizer
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
