@@ -186,6 +186,10 @@ def train(
         _launch_ranks(cfg, nproc or cfg.train.world_size, nnodes, node_rank, rdzv_endpoint)
         return
     ranks = Ranks.from_env()
+    if launched():
+        from astraflow.launch.ranks import follow_agent
+
+        follow_agent()
     if ranks.leader:
         from astraflow.consumers.trainer import Trainer
         from astraflow.launch.process import run_component

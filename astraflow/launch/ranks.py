@@ -6,7 +6,8 @@ launcher (``torch.distributed.run``) running N copies of the same command.
 0 finishes its step and checkpoints; the agent waits for that, then the command exits 0 as any
 component stopped by a signal does), and a rank that dies makes it end the others and restart the
 group (``--max-restarts``), which resumes from the last checkpoint; when the restarts are spent the
-command fails, and ``astraflow run`` restarts it in turn. Each rank runs ``astraflow train`` again
+command fails, and ``astraflow run`` restarts it in turn. An agent killed outright cannot pass a
+signal on: its ranks then stop by themselves (``follow_agent``). Each rank runs ``astraflow train`` again
 with the same arguments (less ``LAUNCH_OPTIONS``); the launcher's environment tells it that it is a
 rank (``training.distributed.launched``), so it does not launch again.
 
@@ -19,11 +20,17 @@ the endpoint is node 0's address.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
+AGENT_PID = "ASTRAFLOW_TRAIN_AGENT_PID"
+"""The environment variable that tells a rank the pid of the launcher agent that started it."""
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal the kernel sends this process when its parent dies (Linux)."""
 MAX_RESTARTS = 3
 """Restarts of the whole group the launcher makes after a rank failed, before it gives up (and
 ``astraflow run`` restarts it in turn)."""
@@ -98,8 +105,29 @@ def run_launcher(launch: RankLaunch, command: list[str]) -> None:
     from torch.distributed.run import main
 
     argv = launcher_argv(launch, command)
+    os.environ[AGENT_PID] = str(os.getpid())  # the ranks inherit it (``follow_agent``)
     logger.info("starting %d trainer ranks: %s", launch.nproc, " ".join(argv))
     try:
         main(argv[3:])  # what follows ``python -m torch.distributed.run``
     except SignalException as exc:
         logger.info("the trainer's ranks stopped on signal %s", exc.sigval)
+
+
+def follow_agent() -> None:
+    """In a rank: when the launcher agent that started it dies, stop as on a stop signal.
+
+    An agent stopped by a signal passes it on to its ranks and waits for them; one killed outright
+    (SIGKILL, the OOM killer) cannot, and its ranks used to train on, unseen, until a restarted
+    trainer fenced rank 0. So each rank asks the kernel for SIGTERM when its parent dies
+    (``PR_SET_PDEATHSIG``, Linux), and stops at once if the agent died before it asked."""
+    agent = os.environ.get(AGENT_PID)
+    if agent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        logger.warning("this rank will not stop with its agent: prctl failed (errno %d)", ctypes.get_errno())
+    elif os.getppid() != int(agent):
+        logger.error("the launcher agent (pid %s) is gone before this rank started; stopping", agent)
+        raise SystemExit(1)

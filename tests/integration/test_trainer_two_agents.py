@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from astraflow.attach import decode_snapshot
 from astraflow.broker.local import free_port
@@ -163,3 +164,45 @@ def test_a_trainer_resumes_under_another_world_size(tmp_path: Path) -> None:
     assert [entry.version for entry in steps] == [1, 2, 3]
     assert [entry.epoch for entry in steps] == [1, 2, 3]  # one trainer epoch per start (the first is 1)
     assert sorted(i for entry in steps for i in entry.sample_ids) == sorted(s.sample_id for s in samples)
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie no one reaps counts: it runs nothing)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_ranks_stop_when_their_launcher_agent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the ``astraflow train`` agent, which cannot pass a stop on: its ranks stop by themselves
+    (the kernel's SIGTERM on the death of their parent), rank 0 after checkpointing its version."""
+    config, run_dir, _ = write_run(tmp_path, "torch", 2)
+    command = [sys.executable, "-m", "astraflow.cli", "train", str(config), "--run-dir", str(run_dir), "--nproc", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "agent.out").open("wb") as out:
+        agent = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 400
+        while trained_version(run_dir) < 1 and agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(1.0)
+        logs = (tmp_path / "agent.out").read_text(errors="replace")
+        assert agent.poll() is None and trained_version(run_dir) >= 1, logs[-6000:]
+        ranks += [int(path.stem.rsplit("-", 1)[1]) for path in (run_dir / "logs").glob("train-*.log")]
+        assert len(ranks) == 2, ranks
+        agent.kill()
+        agent.wait(timeout=30)
+        deadline = time.monotonic() + 120
+        while not all(gone(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        logs = (tmp_path / "agent.out").read_text(errors="replace")
+        assert all(gone(pid) for pid in ranks), logs[-6000:]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for pid in ranks:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    rank0 = next((run_dir / "logs").glob("train-[0-9]*.log")).read_text()
+    assert "received signal 15" in rank0, rank0[-3000:]
