@@ -52,8 +52,9 @@ class Gate:
     def open_for(self, process: subprocess.Popen, cgroup: RunCgroup, timeout: float) -> None:
         """Put ``process``'s child (the launcher) in ``cgroup``, then let it go on.
 
-        A backend that exits before it has a child, or a child gone before the move, never
-        reached the program: the run then fails as a ``SandboxError`` without ``ready``.
+        A backend that exits before it has a child, or a child gone before the move or before
+        the gate opens (the write then finds no reader: ``EPIPE``), never reached the program:
+        the run then fails as a ``SandboxError`` without ``ready``.
         """
         self._close_read()
         launcher = first_child(process, timeout)
@@ -61,7 +62,7 @@ class Gate:
             if launcher is not None:
                 cgroup.enter(launcher)
                 os.write(self.write_fd, b"1")
-        except ProcessLookupError:
+        except (ProcessLookupError, BrokenPipeError):
             pass  # the launcher is gone already (cannot start): the run fails without "ready"
         finally:
             self.close()

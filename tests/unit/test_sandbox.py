@@ -17,7 +17,11 @@ driver (kills it, tries its fds, memory or ptrace) fails its own tests and forge
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +40,7 @@ from astraflow.sandbox import (
     open_sandbox,
     probe,
 )
+from astraflow.sandbox.host import Gate
 from tests.unit.sandboxes import LIMITS, processes_with, working
 
 REPO = Path(__file__).resolve().parents[2]
@@ -366,3 +371,37 @@ def test_a_driver_that_never_starts_is_a_sandbox_error(
     monkeypatch.setattr(base, "TESTS_DRIVER", silent)
     with pytest.raises(SandboxError, match="driver-ready"):
         sandbox.run_python_tests("print(1)", ["1"])
+
+
+def test_a_launcher_gone_before_its_gate_opens_is_not_an_error_of_the_host() -> None:
+    """A launcher that dies after its move into the cgroup (its python cannot start) closes the gate's
+    last reader: the write meets EPIPE, and the run must end as "did not run", not as a host error.
+    The cgroup here kills the launcher inside ``enter``, which forces that order every time."""
+    gate = Gate()
+    process = subprocess.Popen([sys.executable, "-c", LAUNCHER_THAT_FORKS, str(gate.read_fd)], pass_fds=(gate.read_fd,))
+
+    class KillingCgroup:
+        def enter(self, pid: int) -> None:
+            os.kill(pid, signal.SIGKILL)
+            while Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+                time.sleep(0.001)  # the pipe's last reader is closed once the child is a zombie
+
+    try:
+        gate.open_for(process, KillingCgroup(), timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert gate.write_fd == -1 and gate.read_fd == -1
+
+
+# The backend's stand-in: it forks the "launcher" (which keeps the gate's read end), closes its own
+# copy, and waits; the parent's copy closes in Gate.open_for.
+LAUNCHER_THAT_FORKS = """
+import os, sys, time
+fd = int(sys.argv[1])
+if os.fork() == 0:
+    time.sleep(60)
+    os._exit(0)
+os.close(fd)
+time.sleep(60)
+"""
