@@ -4,8 +4,11 @@
    its master weights), one GRPO step of the ``torch`` backend (DDP with two ranks) and of ``fsdp``
    (FSDP2) at one and two ranks, under ``torch.distributed.run`` on gloo; then each rank sums the
    bytes of what it holds, from its local shards: parameters, gradients and AdamW's state. Sharding
-   should make FSDP2's per-rank bytes at two ranks about half of DDP's. ZeRO-3 is not measured:
-   the ``deepspeed`` backend refuses several ranks for now.
+   should make FSDP2's per-rank bytes at two ranks about half of DDP's. ``deepspeed`` at ZeRO stage
+   3 likewise, counted from ZeRO's own partitions: each parameter's ``ds_tensor``, the flat gradient
+   partition, and as optimizer state the AdamW moments *and* the fp32 master partition ZeRO keeps
+   beside the parameters even when they are fp32 themselves (its communication buckets are not
+   counted).
 2. ``samples_per_s``: the tiny model's trainer (``torch`` backend) at one and two ranks on the same
    batches, three rounds alternating which goes first, on the same cores: one rank of
    ``CORES`` threads against two ranks of ``CORES / 2`` threads each. On two CPU cores a second rank
@@ -81,11 +84,38 @@ def local_bytes(tensor) -> int:
     return local.numel() * local.element_size()
 
 
+BACKENDS = {"ddp": "torch", "fsdp2": "fsdp", "zero3": "deepspeed3"}
+"""Name in the results → ``--rank-bytes`` backend (``deepspeed3``: ``deepspeed`` at ZeRO stage 3)."""
+
+
+def zero3_bytes(backend, torch) -> dict:
+    """This rank's bytes under ZeRO-3, from DeepSpeed's partitions (the parameters' own tensors are empty)."""
+    zero = backend.engine.optimizer
+
+    def size(tensor) -> int:
+        return tensor.numel() * tensor.element_size()
+
+    master = sum(size(flat) for flat in zero.fp32_partitioned_groups_flat)
+    moments = sum(
+        size(value)
+        for state in zero.optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    )
+    return {
+        "parameters": sum(size(p.ds_tensor) for p in backend.model.parameters()),
+        "gradients": size(zero.grad_partitions_flat_buffer),
+        "optimizer": master + moments,
+        "master_weights": master,
+    }
+
+
 def rank_bytes(backend: str, small: bool, out: Path) -> None:
     """In a rank: one step of ``backend`` on the Qwen2-shaped model, then this rank's bytes into ``out``."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from astraflow.config.train import DeepSpeedOptions
     from astraflow.training.distributed import Ranks, init_group
     from astraflow.training.learner import build_learner
     from astraflow.training.step import PolicyStepConfig
@@ -98,8 +128,17 @@ def rank_bytes(backend: str, small: bool, out: Path) -> None:
     config = Qwen2Config(**shape, tie_word_embeddings=True, max_position_embeddings=512, pad_token_id=0)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
-    learner = build_learner(backend, model, 0, PolicyStepConfig(lr=1e-5, lr_warmup_steps=0), ranks=ranks)
+    step = PolicyStepConfig(lr=1e-5, lr_warmup_steps=0)
+    deepspeed = DeepSpeedOptions(zero_stage=3) if backend == "deepspeed3" else None
+    name = "deepspeed" if deepspeed else backend
+    learner = build_learner(name, model, 0, step, ranks=ranks, deepspeed=deepspeed)
     learner.step(examples(config.vocab_size, 2 * ranks.world_size, 8, 8))
+    if deepspeed:
+        held = zero3_bytes(learner.backend, torch)
+        held["total"] = held["parameters"] + held["gradients"] + held["optimizer"]
+        numel = sum(p.ds_numel for p in model.parameters())
+        out.write_text(json.dumps({"rank": ranks.rank, "world_size": ranks.world_size, "numel": numel, **held}))
+        return
     module = learner.backend.model
     optimizer = learner.backend.sharded_parts()[1]
     held = {
@@ -127,16 +166,16 @@ def launch(ranks: int, arguments: list[str], timeout: int = 1800) -> None:
 
 
 def measure_bytes(small: bool, work: Path) -> dict:
-    """Per rank bytes of DDP (``torch``) and FSDP2 (``fsdp``) at one and two ranks."""
+    """Per rank bytes of DDP (``torch``), FSDP2 (``fsdp``) and ZeRO-3 at one and two ranks."""
     measured: dict = {}
-    for backend in ("torch", "fsdp"):
+    for name, backend in BACKENDS.items():
         for world in (1, 2):
-            folder = work / f"{backend}-{world}"
+            folder = work / f"{name}-{world}"
             folder.mkdir()
             launch(world, ["--rank-bytes", backend, "--out", str(folder)] + (["--small"] if small else []))
             rows = [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(world)]
-            measured[f"{'ddp' if backend == 'torch' else 'fsdp2'}-{world}"] = rows
-            print(f"{backend} x{world}: {[row['total'] / 2**30 for row in rows]} GiB per rank", flush=True)
+            measured[f"{name}-{world}"] = rows
+            print(f"{name} x{world}: {[row['total'] / 2**30 for row in rows]} GiB per rank", flush=True)
     return measured
 
 
@@ -186,6 +225,8 @@ def summarize(measured: dict, rates: dict) -> dict:
         "fsdp2_2_over_ddp_2": per_rank["fsdp2-2"] / per_rank["ddp-2"],
         "fsdp2_2_over_fsdp2_1": per_rank["fsdp2-2"] / per_rank["fsdp2-1"],
         "ddp_2_over_ddp_1": per_rank["ddp-2"] / per_rank["ddp-1"],
+        "zero3_2_over_ddp_2": per_rank["zero3-2"] / per_rank["ddp-2"],
+        "zero3_2_over_zero3_1": per_rank["zero3-2"] / per_rank["zero3-1"],
         "samples_per_s_median": {world: statistics.median(values) for world, values in rates.items()},
         "two_over_one_ranks": statistics.median(rates["2"]) / statistics.median(rates["1"]),
     }
@@ -199,7 +240,8 @@ def plot(summary: dict, path: Path) -> None:
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = list(summary["per_rank_gib"])
-    left.bar(names, [summary["per_rank_gib"][name] for name in names], color=["#888", "#888", "#48c", "#48c"])
+    colors = {"ddp": "#888", "fsdp2": "#48c", "zero3": "#c84"}
+    left.bar(names, [summary["per_rank_gib"][name] for name in names], color=[colors[n.split("-")[0]] for n in names])
     left.set_ylabel("GiB per rank (parameters + gradients + AdamW)")
     left.set_title("Qwen2-0.5B-shaped, fp32")
     worlds = list(summary["samples_per_s_median"])
@@ -213,7 +255,7 @@ def plot(summary: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--rank-bytes", choices=["torch", "fsdp"], help=argparse.SUPPRESS)
+    parser.add_argument("--rank-bytes", choices=sorted(BACKENDS.values()), help=argparse.SUPPRESS)
     parser.add_argument("--rank-rate", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -210,10 +210,15 @@ def _launch_ranks(cfg, nproc: int, nnodes: int, node_rank: Optional[int], rdzv_e
     from astraflow.launch.process import setup_logging
     from astraflow.launch.ranks import RankLaunch, run_launcher
 
-    if cfg.train.backend in ("simulated", "deepspeed"):
+    if cfg.train.backend == "simulated":
         raise ConfigError(
-            f"--nproc {nproc}: several ranks of train.backend {cfg.train.backend!r} are not supported; "
-            "use 'torch' (DDP) or 'fsdp'"
+            f"--nproc {nproc}: several ranks of train.backend 'simulated' are not supported; "
+            "train.simulated.devices models data-parallel GPUs"
+        )
+    if cfg.train.backend == "deepspeed" and cfg.train.deepspeed.zero_stage == 0:
+        raise ConfigError(
+            f"--nproc {nproc}: several ranks of train.backend 'deepspeed' need train.deepspeed.zero_stage 1, 2 or 3 "
+            "(stage 0 is plain data parallel: use train.backend 'torch', which is DDP)"
         )
     launch = RankLaunch(nproc, nnodes, node_rank, rdzv_endpoint, f"{cfg.run}.train.{cfg.policy}")
     try:

@@ -16,8 +16,9 @@ Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class DeepSpeedOptions(Section):
-    zero_stage: int = Field(default=2, ge=0, le=2)
-    """ZeRO stage: 0 (plain data parallel), 1 (optimizer states sharded), 2 (and gradients)."""
+    zero_stage: int = Field(default=2, ge=0, le=3)
+    """ZeRO stage: 0 (plain data parallel, one rank only), 1 (optimizer states sharded over the ranks),
+    2 (and gradients), 3 (and the weights themselves)."""
     offload_optimizer: bool = False
     """Keep the optimizer states on the CPU and step them there (DeepSpeedCPUAdam, compiled on first use)."""
 
@@ -25,6 +26,8 @@ class DeepSpeedOptions(Section):
     def _offload_needs_zero(self) -> "DeepSpeedOptions":
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("offload_optimizer needs zero_stage 1 or 2")
+        if self.offload_optimizer and self.zero_stage == 3:
+            raise ValueError("offload_optimizer with zero_stage 3 is not supported here; use stage 1 or 2")
         return self
 
 
@@ -138,11 +141,12 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _ranks_have_a_backend(self) -> "TrainConfig":
-        if self.world_size > 1 and self.backend in ("simulated", "deepspeed"):
-            hint = (
-                "train.simulated.devices models data-parallel GPUs"
-                if self.backend == "simulated"
-                else "several DeepSpeed ranks are not supported yet; use 'torch' (DDP) or 'fsdp'"
-            )
+        if self.world_size > 1 and self.backend == "simulated":
+            hint = "train.simulated.devices models data-parallel GPUs"
             raise ValueError(f"train.world_size: {self.world_size} ranks of backend {self.backend!r}: {hint}")
+        if self.world_size > 1 and self.backend == "deepspeed" and self.deepspeed.zero_stage == 0:
+            raise ValueError(
+                f"train.world_size: {self.world_size} ranks of backend 'deepspeed' need train.deepspeed.zero_stage "
+                "1, 2 or 3 (stage 0 is plain data parallel: use train.backend 'torch', which is DDP)"
+            )
         return self

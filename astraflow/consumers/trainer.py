@@ -88,10 +88,9 @@ from astraflow.training.checkpoint import (
     RECALL_WINDOW,
     CheckpointStore,
     TrainerState,
+    is_deepspeed,
     is_sharded,
     load_checkpoint,
-    load_sharded,
-    save_sharded,
 )
 from astraflow.training.distributed import SINGLE, CommandChannel, Ranks
 from astraflow.weights.publish import WeightPublisher
@@ -140,11 +139,13 @@ def build_rank_learner(config: RunConfig, run_dir: Path, ranks: Ranks = SINGLE) 
 def restore_rank(learner: Learner, directory: Path | None, version: int) -> TrainerState | None:
     """Load the checkpoint in ``directory`` (none: keep the base) into this rank's learner, which
     then trains from ``version``; every rank does it with the directory rank 0 chose. A checkpoint of
-    several ranks (``sharded/``) loads whatever this world's size; so does one of one rank."""
+    several ranks (``sharded/``, or the deepspeed backend's ``deepspeed/``) loads whatever this world's
+    size; so does one of one rank (``model.pt``) where the backend can take full state dicts."""
     restored = None
-    if directory is not None and is_sharded(Path(directory)):
-        restored = load_sharded(Path(directory), *learner.backend.sharded_parts())
+    if directory is not None and (is_sharded(Path(directory)) or is_deepspeed(Path(directory))):
+        restored = learner.backend.load_shards(Path(directory))
     elif directory is not None:
+        learner.backend.check_full_checkpoint(Path(directory))
         restored = load_checkpoint(Path(directory), learner.backend.model_state, learner.optimizer)
     learner.version = version
     return restored
@@ -489,10 +490,10 @@ class Trainer:
     def _checkpoint(self) -> None:
         """An atomic checkpoint of the current version, with the offsets after its batch."""
         state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch)
-        if self.ranks.distributed:  # every rank writes its shards (training/checkpoint.py)
+        if self.ranks.distributed or self.learner.backend.checkpoints_sharded:  # every rank writes its shards
             tmp = self.checkpoints.begin(state.version)
             self.commands.send("checkpoint", directory=str(tmp))
-            save_sharded(tmp, *self.learner.backend.sharded_parts())
+            self.learner.backend.save_shards(tmp)
             self.checkpoints.commit(tmp, state)
         else:
             self.checkpoints.save(self.learner.backend.model_state, self.learner.optimizer, state)

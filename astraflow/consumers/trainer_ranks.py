@@ -30,7 +30,6 @@ from pathlib import Path
 from astraflow.config import RunConfig
 from astraflow.consumers.trainer import build_rank_learner, restore_rank
 from astraflow.errors import NonFiniteStepError
-from astraflow.training.checkpoint import save_sharded
 from astraflow.training.distributed import CommandChannel, Ranks
 
 logger = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ class TrainerRank:
             pass  # gathered with rank 0, which publishes them; this rank drops each at once
 
     def _on_checkpoint(self, directory: str) -> None:
-        save_sharded(Path(directory), *self.learner.backend.sharded_parts())
+        self.learner.backend.save_shards(Path(directory))
 
     def _on_idle(self) -> None:
         """Rank 0 is waiting for samples."""

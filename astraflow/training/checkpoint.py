@@ -22,8 +22,10 @@ one copy, which DCP spreads over the ranks), so no rank gathers the whole model,
 ``state.json`` and renames the directory once DCP's metadata is written, which is after every rank
 wrote its files. DCP loads by parameter name and global shape whatever the world size: a checkpoint of
 two ranks resumes under one or under four, and one of one rank under several (every rank then loads
-the full state dict and keeps its shard). ``read_model_state`` reads the full weights of either kind
-in one process (``astraflow export-model``).
+the full state dict and keeps its shard). The deepspeed backend writes ``deepspeed/`` instead, in
+DeepSpeed's own format, with one rank or several (its backend module says how it resumes under
+another world size). ``read_model_state`` reads the full weights of any kind in one process
+(``astraflow export-model``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 
 SHARDED = "sharded"
 """The folder of a checkpoint in ``torch.distributed.checkpoint``'s format, written by every rank."""
+DEEPSPEED = "deepspeed"
+"""The folder of a checkpoint in DeepSpeed's format (``engine.save_checkpoint``), written by every rank."""
 RECALL_WINDOW = 20_000
 """Sample ids per partition a restarted trainer re-reads below its checkpointed offsets."""
 
@@ -173,6 +177,11 @@ def is_sharded(directory: Path) -> bool:
     return (directory / SHARDED).is_dir()
 
 
+def is_deepspeed(directory: Path) -> bool:
+    """Whether the checkpoint in ``directory`` was written by the deepspeed backend (``DEEPSPEED``)."""
+    return (directory / DEEPSPEED).is_dir()
+
+
 def save_sharded(tmp: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     r"""This rank's shards of ``module`` and ``optimizer`` into ``tmp/sharded``: a collective every rank
     calls with the same ``tmp``; rank 0 then ``commit``\ s it (when its call returns, all have written)."""
@@ -200,6 +209,15 @@ def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """The full weights of the checkpoint in ``directory``, by name, read in this process (on the CPU)."""
     import torch
 
+    if is_deepspeed(directory):
+        import contextlib
+        import io
+
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it reports each file it reads
+            state = get_fp32_state_dict_from_zero_checkpoint(str(directory / DEEPSPEED), tag="state")
+        return {name: tensor.detach() for name, tensor in state.items()}
     if is_sharded(directory):
         import warnings
 

@@ -1,5 +1,6 @@
 """The math job with a trainer of two ranks (``train.world_size: 2``, DDP on gloo) learns, and survives
-the SIGKILL of a rank.
+the SIGKILL of a rank; so does one of two DeepSpeed ZeRO-3 ranks (a long test: ``pytest -m long``),
+whose restart resumes from a checkpoint in DeepSpeed's format through its universal conversion.
 
 ``astraflow run`` starts the trainer under ``torch.distributed.run``; rank 0 reads the samples and
 writes the log, rank 1 trains its half of every batch. Mid-run rank 1 is killed: the elastic agent
@@ -56,11 +57,20 @@ def rank_pid(run_dir: Path, rank: int) -> int:
     return int(logs[-1].stem.rsplit("-", 1)[1])
 
 
-def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path) -> None:
+BACKENDS = {
+    "ddp": {},
+    "zero3": {"backend": "deepspeed", "deepspeed": {"zero_stage": 3}, "checkpoint_every": 2},
+}
+"""``train`` settings of each trainer tested; ZeRO-3 checkpoints every other version, so its restart
+also retrains versions it had published but not checkpointed."""
+
+
+@pytest.mark.parametrize("backend", [pytest.param("ddp"), pytest.param("zero3", marks=pytest.mark.long)])
+def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path, backend: str) -> None:
     config = write_config(
         run_dir / "test.yaml",
         run="ranks",
-        train={"world_size": 2, "threads": 1},
+        train={"world_size": 2, "threads": 1, **BACKENDS[backend]},
         eval={"every_versions": 5},
         stop={"max_minutes": 12, "max_versions": MAX_VERSIONS, "target_accuracy": None},
     )

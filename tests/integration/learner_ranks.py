@@ -1,21 +1,32 @@
 """One rank of a learner trained on fixed batches, for the tests of a trainer of several ranks.
 
-``python -m torch.distributed.run --nproc-per-node N -m tests.integration.learner_ranks BACKEND OUT``
+``python -m torch.distributed.run --nproc-per-node N -m tests.integration.learner_ranks BACKEND OUT [options]``
 builds the tiny model of ``SPEC`` and the batches of ``BATCH_SIZES`` (the same in every process),
-takes one optimizer step per batch with ``train.backend`` BACKEND (``torch``: DDP; ``fsdp``: FSDP2),
-each rank on its share, then writes from rank 0 to ``OUT`` (``torch.save``) the full weights as the
-trainer's publisher copies them (``to_transfer`` of ``backend.full_state``, read by every rank), each step's loss and
-gradient norm, and for ``fsdp`` the full optimizer state of a checkpoint.
+takes one optimizer step per batch with ``train.backend`` BACKEND (``torch``: DDP; ``fsdp``: FSDP2;
+``deepspeed1``..``deepspeed3``: DeepSpeed at that ZeRO stage), each rank on its share, then writes
+from rank 0 to ``OUT`` (``torch.save``) the full weights as the trainer's publisher copies them
+(``to_transfer`` of ``backend.full_state``, read by every rank), each step's loss and gradient norm,
+and for ``fsdp`` the full optimizer state of a checkpoint.
+
+Options, for the tests of resuming under another world size:
+
+- ``--save-after K DIR``: after the K-th step, every rank writes its part of a checkpoint into DIR
+  with ``backend.save_shards`` (what the trainer's checkpoints do), and rank 0 its ``state.json``;
+- ``--resume DIR``: before the first step, load that checkpoint (``backend.load_shards``) and train
+  only the batches after the ones it holds.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from astraflow.config.train import DeepSpeedOptions
 from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.training.checkpoint import TrainerState
 from astraflow.training.distributed import Ranks, init_group
 from astraflow.training.learner import build_learner
 from astraflow.training.step import PolicyExample, PolicyStepConfig
@@ -43,7 +54,9 @@ def batches(vocab_size: int) -> list[list[PolicyExample]]:
     return out
 
 
-def train(backend: str, ranks: Ranks) -> tuple[dict[str, torch.Tensor], list[float], object]:
+def train(
+    backend: str, ranks: Ranks, save_after: tuple[int, Path] | None = None, resume: Path | None = None
+) -> tuple[dict[str, torch.Tensor], list[float], object]:
     """The learner of ``backend`` after one step per batch: (full weights, [loss, norm, ...], learner)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -51,23 +64,45 @@ def train(backend: str, ranks: Ranks) -> tuple[dict[str, torch.Tensor], list[flo
     model = build_tiny_model(tokenizer, SPEC)
     if ranks.distributed or backend == "fsdp":
         init_group(ranks)
-    learner = build_learner(backend, model, tokenizer.pad_token_id, STEP, ranks=ranks)
+    name, deepspeed = backend, None
+    if backend.startswith("deepspeed"):
+        name, deepspeed = "deepspeed", DeepSpeedOptions(zero_stage=int(backend.removeprefix("deepspeed")))
+    learner = build_learner(name, model, tokenizer.pad_token_id, STEP, ranks=ranks, deepspeed=deepspeed)
+    done = 0
+    if resume is not None:
+        done = learner.backend.load_shards(resume).version
+        learner.version = done
     figures = []
-    for batch in batches(len(tokenizer)):
+    for index, batch in enumerate(batches(len(tokenizer))):
+        if index < done:
+            continue
         stats = learner.step(batch)
         figures += [stats.loss, stats.grad_norm]
+        if save_after is not None and index + 1 == save_after[0]:
+            directory = save_after[1]
+            directory.mkdir(parents=True, exist_ok=True)
+            learner.backend.save_shards(directory)
+            if ranks.leader:
+                (directory / "state.json").write_text(TrainerState(index + 1, {}, 0).to_json())
     weights = to_transfer(learner.backend.full_state(), "fp32")  # as the trainer's publisher reads them
     return weights, figures, learner
 
 
-def main(backend: str, out: str) -> None:
+def main(backend: str, out: str, *options: str) -> None:
     ranks = Ranks.from_env()
-    weights, figures, learner = train(backend, ranks)
+    save_after = resume = None
+    if "--save-after" in options:
+        at = options.index("--save-after")
+        save_after = (int(options[at + 1]), Path(options[at + 2]))
+    if "--resume" in options:
+        resume = Path(options[options.index("--resume") + 1])
+    weights, figures, learner = train(backend, ranks, save_after, resume)
     optimizer = learner.optimizer.state_dict() if backend == "fsdp" else None  # a collective: every rank
     if ranks.leader:
         torch.save({"weights": weights, "figures": figures, "optimizer": optimizer}, out)
-    torch.distributed.barrier()  # no rank leaves the group while another still uses it
-    torch.distributed.destroy_process_group()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no rank leaves the group while another still uses it
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

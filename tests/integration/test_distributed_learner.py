@@ -1,4 +1,4 @@
-"""Two ranks train like one: DDP and FSDP2 on CPU (gloo), under PyTorch's own elastic launcher.
+"""Two ranks train like one: DDP, FSDP2 and DeepSpeed ZeRO-3 on CPU (gloo), under PyTorch's own elastic launcher.
 
 ``tests/integration/learner_ranks.py`` runs as two ranks of ``torch.distributed.run``: the same tiny
 model, five fixed batches (odd sizes, so the ranks' shares differ in length, and one batch of a
@@ -10,6 +10,12 @@ Tolerance: max |w2 - w1| <= 1e-5 over every weight after five AdamW steps. Both 
 fp32; they differ only in the order of the gradient sums (per rank, then all-reduced), about 1e-7
 relative per step, and Adam's update is bounded by lr (1e-3), so rounding stays near 1e-7 (measured
 1.2e-7); a wrong share, a sample trained twice or a wrong loss normalisation moves weights by ~lr.
+
+ZeRO-3 also resumes under another world size through DeepSpeed's own checkpoints (converted to its
+universal form on load): 2 ranks checkpoint after step 3, 1 rank resumes there and checkpoints after
+step 4, 2 ranks resume there; each run's final weights match the reference within the same
+tolerance, and the last checkpoint reads back as full weights in one process (``export-model``). A
+lost Adam moment or step count, or a partition loaded into the wrong rank, moves weights by ~lr.
 """
 
 from __future__ import annotations
@@ -40,11 +46,11 @@ def reference() -> tuple[dict[str, torch.Tensor], list[float], dict[str, torch.T
     return weights, figures, initial
 
 
-def two_ranks(backend: str, out: Path) -> dict:
-    """What rank 0 of a 2-rank ``learner_ranks`` run under ``torch.distributed.run`` wrote."""
+def two_ranks(backend: str, out: Path, *options: str | Path, nproc: int = 2) -> dict:
+    """What rank 0 of a ``learner_ranks`` run of ``nproc`` ranks under ``torch.distributed.run`` wrote."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += ["-m", "tests.integration.learner_ranks", backend, str(out)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    command += ["-m", "tests.integration.learner_ranks", backend, str(out), *map(str, options)]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return torch.load(out, weights_only=False)
@@ -63,3 +69,48 @@ def test_two_ranks_train_like_one(reference, backend: str, tmp_path: Path) -> No
     if backend == "fsdp":  # the checkpoint's full optimizer state, gathered from the shards
         state = got["optimizer"]["state"]
         assert state and all(float(entry["step"]) == 5 for entry in state.values())
+
+
+def max_difference(got: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> float:
+    assert sorted(got) == sorted(weights)
+    return max(float((got[name] - tensor).abs().max()) for name, tensor in weights.items())
+
+
+@pytest.fixture(scope="module")
+def zero3(tmp_path_factory) -> tuple[Path, dict]:
+    """Two ZeRO-3 ranks on the five batches, checkpointing after the third: (folder, what rank 0 wrote)."""
+    pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
+    root = tmp_path_factory.mktemp("zero3")
+    return root, two_ranks("deepspeed3", root / "two.pt", "--save-after", 3, root / "two-ranks-v3")
+
+
+def test_two_zero3_ranks_train_like_one(reference, zero3) -> None:
+    weights, figures, initial = reference
+    _, got = zero3
+    assert max_difference(got["weights"], weights) <= TOLERANCE
+    assert got["figures"] == pytest.approx(figures, rel=1e-5, abs=1e-6)
+
+
+def test_zero3_resumes_two_ranks_to_one_and_one_to_two(reference, zero3) -> None:
+    from astraflow.training.checkpoint import read_model_state
+
+    weights, figures, _ = reference
+    root, _ = zero3
+    one = two_ranks(
+        "deepspeed3",
+        root / "one.pt",
+        "--resume",
+        root / "two-ranks-v3",
+        "--save-after",
+        4,
+        root / "one-rank-v4",
+        nproc=1,
+    )
+    assert max_difference(one["weights"], weights) <= TOLERANCE
+    assert one["figures"] == pytest.approx(figures[6:], rel=1e-5, abs=1e-6)  # steps 4 and 5 only
+    two = two_ranks(
+        "deepspeed3", root / "two-again.pt", "--resume", root / "one-rank-v4", "--save-after", 5, root / "v5"
+    )
+    assert max_difference(two["weights"], weights) <= TOLERANCE
+    assert two["figures"] == pytest.approx(figures[8:], rel=1e-5, abs=1e-6)
+    assert max_difference(read_model_state(root / "v5"), weights) <= TOLERANCE  # export-model's reading

@@ -76,7 +76,8 @@ def test_bf16_checkpoint_loads_in_the_asked_dtype(tmp_path: Path) -> None:
         ),
         ({"engine": {"type": "tgi"}}, "engine.type"),
         ({"train": {"backend": "megatron"}}, "train.backend"),
-        ({"train": {"deepspeed": {"zero_stage": 3}}}, "train.deepspeed.zero_stage"),
+        ({"train": {"deepspeed": {"zero_stage": 4}}}, "train.deepspeed.zero_stage"),
+        ({"train": {"deepspeed": {"zero_stage": 3, "offload_optimizer": True}}}, "offload_optimizer with zero_stage 3"),
         ({"train": {"deepspeed": {"zero_stage": 0, "offload_optimizer": True}}}, "offload_optimizer needs zero_stage"),
     ],
 )

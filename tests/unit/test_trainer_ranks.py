@@ -113,6 +113,8 @@ def test_machines_meet_at_the_endpoint() -> None:
 def test_world_size_needs_a_backend_that_shards() -> None:
     assert parse_config({"train": {"world_size": 2, "backend": "fsdp"}}).train.world_size == 2
     assert parse_config({"train": {}}).train.world_size == 1
-    for backend in ("simulated", "deepspeed"):
-        with pytest.raises(Exception, match=f"world_size: 2 ranks of backend '{backend}'"):
-            parse_config({"train": {"world_size": 2, "backend": backend}})
+    assert parse_config({"train": {"world_size": 2, "backend": "deepspeed", "deepspeed": {"zero_stage": 3}}})
+    with pytest.raises(Exception, match="world_size: 2 ranks of backend 'simulated'"):
+        parse_config({"train": {"world_size": 2, "backend": "simulated"}})
+    with pytest.raises(Exception, match="need train.deepspeed.zero_stage 1, 2 or 3"):
+        parse_config({"train": {"world_size": 2, "backend": "deepspeed", "deepspeed": {"zero_stage": 0}}})

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from astraflow.training.checkpoint import TrainerState, is_deepspeed, load_sharded, save_sharded
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +58,30 @@ class TrainerBackend(ABC):
             f"{type(self).__name__} cannot write or read a checkpoint of several ranks "
             "(torch.distributed.checkpoint): train.backend torch or fsdp can"
         )
+
+    @property
+    def checkpoints_sharded(self) -> bool:
+        """Whether even a trainer of one rank checkpoints with ``save_shards`` (not ``model.pt``)."""
+        return False
+
+    def save_shards(self, tmp: Path) -> None:
+        """This rank's part of a checkpoint of several ranks into ``tmp`` (a collective every rank calls
+        with the same ``tmp``; rank 0 commits it when its call returns): ``torch.distributed.checkpoint``."""
+        save_sharded(tmp, *self.sharded_parts())
+
+    def load_shards(self, directory: Path) -> TrainerState:
+        """Load a checkpoint that ``save_shards`` wrote, under any world size (a collective); its state."""
+        if is_deepspeed(directory):
+            from astraflow.errors import ConfigError
+
+            raise ConfigError(
+                f"{directory} is a checkpoint of the deepspeed backend (DeepSpeed's format): resume it with "
+                f"train.backend deepspeed, not with {type(self).__name__}"
+            )
+        return load_sharded(directory, *self.sharded_parts())
+
+    def check_full_checkpoint(self, directory: Path) -> None:
+        """Raise ``ConfigError`` if the full checkpoint (``model.pt``) in ``directory`` cannot load here."""
 
     def full_state(self) -> Mapping[str, torch.Tensor]:
         """The full weights to publish, by name. On a sharded backend its tensors are gathered one at a
