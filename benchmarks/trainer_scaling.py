@@ -37,45 +37,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-QWEN2_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-)
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-)
 TINY_BATCH = 64
 """Samples per step of the samples/s measurement (the math example's batch is 512 of the tiny model)."""
 TINY_STEPS = 8
 CORES = 2
 """Threads of the one-rank run, shared out between the ranks of the two-rank run."""
-
-
-def examples(vocab: int, count: int, prompt: int, response: int, seed: int = 0) -> list:
-    import numpy as np
-
-    from astraflow.training.step import PolicyExample
-
-    rng = np.random.default_rng(seed)
-    return [
-        PolicyExample(
-            prompt_ids=rng.integers(3, vocab, prompt).astype(np.int32),
-            response_ids=rng.integers(3, vocab, response).astype(np.int32),
-            behaviour_logprobs=np.full(response, -np.log(vocab), dtype=np.float32),
-            loss_mask=np.ones(response, dtype=np.uint8),
-            advantage=1.0 if index % 2 else -1.0,
-        )
-        for index in range(count)
-    ]
 
 
 def local_bytes(tensor) -> int:
@@ -113,26 +79,24 @@ def zero3_bytes(backend, torch) -> dict:
 def rank_bytes(backend: str, small: bool, out: Path) -> None:
     """In a rank: one step of ``backend`` on the Qwen2-shaped model, then this rank's bytes into ``out``."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from astraflow.config.train import DeepSpeedOptions
+    from astraflow.models.shapes import QWEN2_05B, SMALL_QWEN2, random_qwen2
     from astraflow.training.distributed import Ranks, init_group
     from astraflow.training.learner import build_learner
-    from astraflow.training.step import PolicyStepConfig
+    from astraflow.training.step import PolicyStepConfig, random_examples
 
     torch.set_num_threads(1)
     ranks = Ranks.from_env()
     if ranks.distributed:
         init_group(ranks)
-    shape = SMALL if small else QWEN2_05B
-    config = Qwen2Config(**shape, tie_word_embeddings=True, max_position_embeddings=512, pad_token_id=0)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = random_qwen2(SMALL_QWEN2 if small else QWEN2_05B)
+    config = model.config
     step = PolicyStepConfig(lr=1e-5, lr_warmup_steps=0)
     deepspeed = DeepSpeedOptions(zero_stage=3) if backend == "deepspeed3" else None
     name = "deepspeed" if deepspeed else backend
     learner = build_learner(name, model, 0, step, ranks=ranks, deepspeed=deepspeed)
-    learner.step(examples(config.vocab_size, 2 * ranks.world_size, 8, 8))
+    learner.step(random_examples(config.vocab_size, 2 * ranks.world_size, 8, 8))
     if deepspeed:
         held = zero3_bytes(learner.backend, torch)
         held["total"] = held["parameters"] + held["gradients"] + held["optimizer"]
@@ -186,7 +150,7 @@ def rank_rate(steps: int, out: Path) -> None:
     from astraflow.models.tiny import build_char_tokenizer, build_tiny_model
     from astraflow.training.distributed import Ranks, all_reduce_sum, init_group
     from astraflow.training.learner import build_learner
-    from astraflow.training.step import PolicyStepConfig
+    from astraflow.training.step import PolicyStepConfig, random_examples
 
     ranks = Ranks.from_env()
     torch.set_num_threads(max(1, CORES // ranks.world_size))
@@ -196,7 +160,7 @@ def rank_rate(steps: int, out: Path) -> None:
     learner = build_learner(
         "torch", build_tiny_model(tokenizer), tokenizer.pad_token_id, PolicyStepConfig(lr=1e-4), ranks=ranks
     )
-    batches = [examples(len(tokenizer), TINY_BATCH, 12, 16, seed=step) for step in range(steps + 1)]
+    batches = [random_examples(len(tokenizer), TINY_BATCH, 12, 16, seed=step) for step in range(steps + 1)]
     learner.step(batches[0])
     all_reduce_sum([0.0], ranks)  # every rank starts the clock together
     start = time.perf_counter()

@@ -49,6 +49,7 @@ import torch
 
 from astraflow.config import WeightsConfig
 from astraflow.log import TopicPartition, open_log
+from astraflow.models.shapes import QWEN2_05B
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
 from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
@@ -58,14 +59,6 @@ from astraflow.weights.publish import WeightPublisher, send_version
 from astraflow.weights.store import ChunkStore, open_store
 
 RESULTS = Path(__file__).resolve().parent / "results"
-QWEN2_05B = dict(
-    hidden_size=896,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    intermediate_size=4864,
-    vocab_size=151936,
-)
 SMALL = dict(
     hidden_size=64,
     num_hidden_layers=2,

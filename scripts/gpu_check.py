@@ -30,45 +30,13 @@ import numpy as np
 import torch
 
 from astraflow.engines.torch_engine import TorchEngine
+from astraflow.models.shapes import QWEN2_05B, SMALL_QWEN2, random_qwen2
 from astraflow.models.tiny import build_char_tokenizer, build_tiny_model
 from astraflow.training.learner import build_learner
-from astraflow.training.step import PolicyExample, PolicyStepConfig
+from astraflow.training.step import PolicyStepConfig, random_examples
 
-QWEN2_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-)
-"""The shape of Qwen2-0.5B (494M parameters with tied embeddings)."""
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-)
-"""A small model of the same architecture, for ``--small``."""
 LOSS_TOLERANCE = 1e-4
 """How far the torch backend's fp32 loss on the GPU may be from the CPU's (kernels differ in order)."""
-
-
-def examples(vocab: int, count: int, prompt: int, response: int, seed: int = 0) -> list[PolicyExample]:
-    """``count`` random responses with alternating advantages: a GRPO batch with a gradient."""
-    rng = np.random.default_rng(seed)
-    return [
-        PolicyExample(
-            prompt_ids=rng.integers(3, vocab, prompt).astype(np.int32),
-            response_ids=rng.integers(3, vocab, response).astype(np.int32),
-            behaviour_logprobs=np.full(response, -np.log(vocab), dtype=np.float32),
-            loss_mask=np.ones(response, dtype=np.uint8),
-            advantage=1.0 if index % 2 else -1.0,
-        )
-        for index in range(count)
-    ]
 
 
 def synchronize(device: str) -> None:
@@ -82,7 +50,7 @@ def tiny_step(backend: str, device: str) -> dict:
     model = build_tiny_model(tokenizer).to(device)
     before = {name: tensor.detach().float().cpu().clone() for name, tensor in model.state_dict().items()}
     learner = build_learner(backend, model, tokenizer.pad_token_id, PolicyStepConfig(lr=1e-3, lr_warmup_steps=0))
-    stats = learner.step(examples(len(tokenizer), 8, 12, 16))
+    stats = learner.step(random_examples(len(tokenizer), 8, 12, 16))
     after = {name: tensor.detach().float().cpu() for name, tensor in learner.backend.full_state().items()}
     moved = max(float((after[name] - before[name]).abs().max()) for name in before)
     return {"loss": stats.loss, "grad_norm": stats.grad_norm, "max_weight_change": moved}
@@ -104,15 +72,10 @@ def check_engine(device: str) -> dict:
 
 def qwen2_figures(device: str, small: bool, batch: int, new_tokens: int) -> dict:
     """Generation tokens/s and one torch-backend step of a Qwen2-0.5B-shaped model on ``device``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    shape = SMALL if small else QWEN2_05B
-    config = Qwen2Config(
-        **shape, tie_word_embeddings=True, max_position_embeddings=1024, pad_token_id=0, eos_token_id=1
-    )
-    torch.manual_seed(0)
+    shape = SMALL_QWEN2 if small else QWEN2_05B
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-    model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    model = random_qwen2(shape, max_positions=1024).to(device=device, dtype=dtype).eval()
+    config = model.config
     parameters = sum(p.numel() for p in model.parameters())
     ids = torch.randint(3, config.vocab_size, (batch, 64), device=device)
     with torch.inference_mode():
@@ -127,10 +90,10 @@ def qwen2_figures(device: str, small: bool, batch: int, new_tokens: int) -> dict
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(device)  # fp32 master weights, as the trainer keeps them
+    model = random_qwen2(shape, max_positions=1024).to(device)  # fp32 master weights, as the trainer keeps them
     learner = build_learner("torch", model, 0, PolicyStepConfig(lr=1e-5, lr_warmup_steps=0, micro_batch_size=4))
-    batch_examples = examples(config.vocab_size, 8, 16, 32) if small else examples(config.vocab_size, 8, 128, 256)
+    sizes = (16, 32) if small else (128, 256)
+    batch_examples = random_examples(config.vocab_size, 8, *sizes)
     learner.step(batch_examples[:2])  # warm-up: kernels and AdamW's state
     synchronize(device)
     start = time.perf_counter()

@@ -134,6 +134,8 @@ def start_store(ranks: Ranks) -> Any:
     import torch.distributed as dist
     from torch.distributed.rendezvous import rendezvous
 
+    if not ranks.distributed and not launched():
+        return dist.HashStore()  # a world of one outside a launcher: no one to meet, no port to open
     launcher, _rank, _world = next(
         rendezvous("env://", rank=ranks.rank, world_size=ranks.world_size, timeout=GROUP_TIMEOUT)
     )

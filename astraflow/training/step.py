@@ -37,6 +37,22 @@ class PolicyExample:
     advantage: float
 
 
+def random_examples(vocab: int, count: int, prompt: int, response: int, seed: int = 0) -> list[PolicyExample]:
+    """``count`` random responses with alternating advantages: a batch with a gradient, for benchmarks
+    and checks that need a step of a given size and no task."""
+    rng = np.random.default_rng(seed)
+    return [
+        PolicyExample(
+            prompt_ids=rng.integers(3, vocab, prompt).astype(np.int32),
+            response_ids=rng.integers(3, vocab, response).astype(np.int32),
+            behaviour_logprobs=np.full(response, -np.log(vocab), dtype=np.float32),
+            loss_mask=np.ones(response, dtype=np.uint8),
+            advantage=1.0 if index % 2 else -1.0,
+        )
+        for index in range(count)
+    ]
+
+
 @dataclass
 class PolicyBatch:
     """Padded tensors of a list of examples."""
