@@ -13,7 +13,8 @@ demo:
 # follow, two at a time too: many wait on restarts, brokers and slow links, every learning test
 # stops on versions rather than time (sharing the cores makes it slower, not weaker), and the
 # recorded math run they share is made once (tests/e2e/conftest.py, made_once). The two longest
-# (marked `long`: the Kafka fault run, three policies side by side; also solver + verifier and
+# (marked `long`: the Kafka fault run, three policies side by side; also a ZeRO-3 trainer's killed
+# rank, solver + verifier and
 # learning from a whole replayed run, not reliable yet) are left out to keep the
 # suite within 35 minutes on 2 cores: `.venv/bin/python -m pytest -m long tests/e2e` runs them,
 # and benchmarks/chaos.py runs the faults at length.
