@@ -37,13 +37,35 @@ logger = logging.getLogger(__name__)
 _QUEUE_FULL_WAIT_S = 60.0
 
 
+class FatalLineWatcher:
+    """The logger a producer hands librdkafka: forwards every line to ``logger`` and keeps the first
+    one that reports a fatal error (``Fatal error: ...``).
+
+    librdkafka logs a fatal error as it raises it, but confluent-kafka may surface the error itself
+    late or not at all: a CI run saw an ACL refusal (``Cluster authorization failed: Failed to acquire
+    idempotence PID``) logged at the first ``poll`` while the only report ``flush`` got, ten seconds
+    on, was the purge of the record it failed. The line says why the record was purged."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.fatal_line: str | None = None
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        self.logger.log(level, msg, *args)
+        if self.fatal_line is None:
+            text = msg % args if args else msg
+            if "Fatal error:" in text:
+                self.fatal_line = text.split("Fatal error:", 1)[1].strip()
+
+
 class KafkaProducer(Producer):
     """A ``Producer`` on one confluent-kafka producer; ``config`` comes from ``KafkaLog``."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self._fatal: KafkaError | None = None
         """The fatal error librdkafka reported, if any: it fails (purges) every record after it."""
-        self._producer = RdProducer({**config, "error_cb": self._on_error})
+        self._log = FatalLineWatcher(config.get("logger", logger))
+        self._producer = RdProducer({**config, "error_cb": self._on_error, "logger": self._log})
         self._principal = config.get("sasl.username")
         self._failures: list[tuple[str, str, KafkaError]] = []
         """(topic, partition or "?", error) per record that failed since the last ``flush``."""
@@ -90,7 +112,7 @@ class KafkaProducer(Producer):
             # records purged by a fatal error: its report may still be queued (on a loaded machine
             # more than a second after the purge; a test saw a refusal reported only as the purge)
             for _ in range(100 if purged else 0):
-                if self._fatal is not None:
+                if self._fatal is not None or self._log.fatal_line is not None:
                     break
                 try:
                     self._producer.poll(0.1)
@@ -100,18 +122,29 @@ class KafkaProducer(Producer):
                         self._fatal = cause.args[0]
             if self._fatal is not None:
                 raise self._fatal_error(self._fatal)
+            if purged and self._log.fatal_line is not None:  # the error never came; its log line did
+                raise self._fatal_text_error(self._log.fatal_line)
             raise delivery_error(failures, principal=self._principal)
 
     def _on_error(self, error: KafkaError) -> None:
-        if error.fatal():
+        if error.fatal() or error.code() == KafkaError._FATAL:
             self._fatal = error
 
     def _fatal_error(self, error: KafkaError) -> DeliveryError:
         """What a fatal client error means; one the broker's ACLs caused names the principal."""
         if error.code() in (KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED):
-            who = f"principal User:{self._principal}" if self._principal else "this client (no SASL user)"
-            return DeliveryError(f"{who} may not write to the log (its producer needs WRITE on a topic): {error.str()}")
-        return DeliveryError(f"the producer failed: {error.str()}")
+            return self._refused(error.str())
+        return self._fatal_text_error(error.str())
+
+    def _fatal_text_error(self, text: str) -> DeliveryError:
+        """What a fatal error known only by its text means (``_FATAL`` or a log line)."""
+        if "authorization failed" in text.lower():
+            return self._refused(text)
+        return DeliveryError(f"the producer failed: {text}")
+
+    def _refused(self, text: str) -> DeliveryError:
+        who = f"principal User:{self._principal}" if self._principal else "this client (no SASL user)"
+        return DeliveryError(f"{who} may not write to the log (its producer needs WRITE on a topic): {text}")
 
     def mark(self) -> int:
         return self._sent
