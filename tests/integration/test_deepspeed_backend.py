@@ -2,8 +2,9 @@
 
 Same tiny model, same seed, same batches: ZeRO 0/1/2 (and 2 with the optimizer offloaded to
 DeepSpeedCPUAdam) give the torch backend's loss, gradient norm and weights step for step, and a
-checkpoint taken mid-way restores model *and* optimizer (Adam moments), so the resumed steps
-match the uninterrupted ones.
+checkpoint taken mid-way (DeepSpeed's own format, loaded back through its universal conversion, as
+the trainer does) restores model *and* optimizer (Adam moments), so the resumed steps match the
+uninterrupted ones.
 """
 
 from __future__ import annotations
@@ -88,11 +89,15 @@ def test_zero2_checkpoint_round_trip(setup, tmp_path: Path) -> None:
     first = _trainer("deepspeed", copy.deepcopy(model), pad)
     _run(first, batches[:2])
     store = CheckpointStore(tmp_path / "ckpt")
-    store.save(first.model, first.optimizer, TrainerState(first.version, {0: 24}, 24))
+    assert first.backend.checkpoints_sharded  # the trainer's path: DeepSpeed's format, one rank or several
+    tmp = store.begin(first.version)
+    first.backend.save_shards(tmp)
+    store.commit(tmp, TrainerState(first.version, {0: 24}, 24))
 
     resumed = _trainer("deepspeed", build_tiny_model(tokenizer, TinyModelSpec(**{**SPEC.__dict__, "seed": 99})), pad)
-    state = store.restore(resumed.model, resumed.optimizer)
-    assert state is not None and (state.version, state.offsets) == (2, {0: 24})
+    state = resumed.backend.load_shards(store.find())  # through the universal conversion
+    assert (state.version, state.offsets) == (2, {0: 24})
+    assert not (tmp_path / "ckpt" / "universal.tmp").exists()  # the scratch conversion is removed
     resumed.version = state.version
     assert _run(resumed, batches[2:]) == pytest.approx(expected[4:], rel=1e-4, abs=1e-6)
     for name, tensor in straight.model.state_dict().items():

@@ -91,6 +91,7 @@ def test_two_zero3_ranks_train_like_one(reference, zero3) -> None:
     assert got["figures"] == pytest.approx(figures, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.long  # three DeepSpeed launches, ~90 s; make test keeps the single-rank DeepSpeed checkpoint test
 def test_zero3_resumes_two_ranks_to_one_and_one_to_two(reference, zero3) -> None:
     from astraflow.training.checkpoint import read_model_state
 
