@@ -91,6 +91,7 @@ from astraflow.training.checkpoint import (
     is_deepspeed,
     is_sharded,
     load_checkpoint,
+    read_state,
 )
 from astraflow.training.distributed import SINGLE, CommandChannel, Ranks
 from astraflow.weights.publish import WeightPublisher
@@ -185,7 +186,7 @@ class Trainer:
         self.epoch = ledger.next_epoch
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
         found = self.checkpoints.find(accept=ledger.names)
-        checkpointed = TrainerState.from_json((found / "state.json").read_text()).version if found else 0
+        checkpointed = read_state(found).version if found else 0
         start = ledger.start_version(checkpointed)
         self.commands.send("restore", directory=str(found) if found else None, version=start)
         restored = restore_rank(self.learner, found, start)

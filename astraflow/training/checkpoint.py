@@ -47,6 +47,8 @@ SHARDED = "sharded"
 """The folder of a checkpoint in ``torch.distributed.checkpoint``'s format, written by every rank."""
 DEEPSPEED = "deepspeed"
 """The folder of a checkpoint in DeepSpeed's format (``engine.save_checkpoint``), written by every rank."""
+DEEPSPEED_TAG = "state"
+"""The tag (folder) of the one DeepSpeed checkpoint in ``DEEPSPEED``."""
 RECALL_WINDOW = 20_000
 """Sample ids per partition a restarted trainer re-reads below its checkpointed offsets."""
 
@@ -77,6 +79,11 @@ class TrainerState:
         return cls(raw["version"], offsets, raw["trained_samples"], raw.get("epoch", 0))
 
 
+def read_state(directory: Path) -> TrainerState:
+    """The trainer state (``state.json``) of the checkpoint in ``directory``."""
+    return TrainerState.from_json((directory / "state.json").read_text())
+
+
 def version_dir(directory: Path, version: int) -> Path:
     """The checkpoint directory of ``version`` under ``directory`` (``vNNNNNNNN``), whether or not it exists."""
     return directory / f"v{version:08d}"
@@ -101,7 +108,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def read_latest_state(directory: Path) -> TrainerState | None:
     """The trainer state of the newest checkpoint, without loading model or optimizer (no torch)."""
     latest = latest_checkpoint(directory)
-    return None if latest is None else TrainerState.from_json((latest / "state.json").read_text())
+    return None if latest is None else read_state(latest)
 
 
 class CheckpointStore:
@@ -167,7 +174,7 @@ class CheckpointStore:
         """The newest complete checkpoint directory whose state ``accept`` takes, or ``None``: what
         ``restore`` loads (a trainer of several ranks names it to every rank first)."""
         for directory in reversed(complete_checkpoints(self.directory)):
-            if accept(TrainerState.from_json((directory / "state.json").read_text())):
+            if accept(read_state(directory)):
                 return directory
         return None
 
@@ -202,7 +209,7 @@ def load_sharded(directory: Path, module: torch.nn.Module, optimizer: torch.opti
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=directory / SHARDED)
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return TrainerState.from_json((directory / "state.json").read_text())
+    return read_state(directory)
 
 
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
@@ -216,7 +223,7 @@ def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with contextlib.redirect_stdout(io.StringIO()):  # it reports each file it reads
-            state = get_fp32_state_dict_from_zero_checkpoint(str(directory / DEEPSPEED), tag="state")
+            state = get_fp32_state_dict_from_zero_checkpoint(str(directory / DEEPSPEED), tag=DEEPSPEED_TAG)
         return {name: tensor.detach() for name, tensor in state.items()}
     if is_sharded(directory):
         import warnings
@@ -236,4 +243,4 @@ def load_checkpoint(directory: Path, model: OptimizerState, optimizer: Optimizer
 
     model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
     optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
-    return TrainerState.from_json((directory / "state.json").read_text())
+    return read_state(directory)

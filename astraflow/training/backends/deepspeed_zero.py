@@ -43,15 +43,13 @@ from typing import TYPE_CHECKING
 from astraflow.errors import ConfigError, MissingDependencyError
 from astraflow.rundir import cache_root
 from astraflow.training.backends.base import TrainerBackend
-from astraflow.training.checkpoint import DEEPSPEED, TrainerState, is_deepspeed
+from astraflow.training.checkpoint import DEEPSPEED, DEEPSPEED_TAG, TrainerState, is_deepspeed, read_state
 from astraflow.training.distributed import SINGLE, Ranks, init_group, rank_device
 
 if TYPE_CHECKING:
     import torch
 
 INSTALL_HINT = "deepspeed is not installed: run `scripts/setup.sh deepspeed` (or `pip install astraflow[deepspeed]`)"
-TAG = "state"
-"""The tag (folder) of the one DeepSpeed checkpoint in a checkpoint's ``deepspeed/``."""
 UNIVERSAL = "universal.tmp"
 """The scratch folder, next to the checkpoints, a checkpoint is converted into to be loaded."""
 
@@ -172,7 +170,7 @@ class DeepSpeedBackend(TrainerBackend):
 
     def save_shards(self, tmp: Path) -> None:
         """This rank's partitions into ``tmp/deepspeed`` (DeepSpeed's format): every rank calls it."""
-        self.engine.save_checkpoint(str(tmp / DEEPSPEED), tag=TAG, save_latest=False)
+        self.engine.save_checkpoint(str(tmp / DEEPSPEED), tag=DEEPSPEED_TAG, save_latest=False)
         self._barrier()  # rank 0 commits the checkpoint once every rank has written its files
 
     def load_shards(self, directory: Path) -> TrainerState:
@@ -186,13 +184,13 @@ class DeepSpeedBackend(TrainerBackend):
         scratch = directory.parent / UNIVERSAL
         if self.ranks.leader:
             shutil.rmtree(scratch, ignore_errors=True)
-            to_universal(directory / DEEPSPEED / TAG, scratch / TAG)
+            to_universal(directory / DEEPSPEED / DEEPSPEED_TAG, scratch / DEEPSPEED_TAG)
         self._barrier()
         config = self.engine._config
         config.load_universal_checkpoint = True
         try:
             loaded, _ = self.engine.load_checkpoint(
-                str(scratch), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+                str(scratch), tag=DEEPSPEED_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
             )
         finally:
             config.load_universal_checkpoint = False
@@ -201,7 +199,7 @@ class DeepSpeedBackend(TrainerBackend):
             shutil.rmtree(scratch, ignore_errors=True)
         if loaded is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint converted from {directory}")
-        return TrainerState.from_json((directory / "state.json").read_text())
+        return read_state(directory)
 
     def check_full_checkpoint(self, directory: Path) -> None:
         """Refuse a full checkpoint where this world's partitions cannot take it (several ranks, ZeRO-3)."""
