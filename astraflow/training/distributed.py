@@ -39,6 +39,8 @@ GROUP_TIMEOUT = timedelta(minutes=30)
 """How long a collective may wait for a rank: far above ``KEEPALIVE_S`` and a step's time."""
 STORE_KEY = "astraflow/trainer-store"
 """The key of the launcher's store under which rank 0 leaves the address of the store of its start."""
+TOKEN_KEY = "astraflow/trainer-store-token"
+"""The key in rank 0's store of the token that tells the other ranks the store is this start's."""
 STORE_PROBE = timedelta(seconds=3)
 """How long a rank tries to reach the store an address names before it reads the address again."""
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -130,7 +132,14 @@ def start_store(ranks: Ranks) -> Any:
     connectFullMesh failed ... Connection refused``) and failed the restart. So rank 0 hosts a store
     of its own, which dies with it, and leaves its address in the launcher's store; the others take
     an address that no longer answers for the last start's and read it again until this start's
-    rank 0 has written it."""
+    rank 0 has written it.
+
+    An address is tried with a plain socket before ``TCPStore`` connects to it: ``TCPStore``'s own
+    connection retries to a port nothing listens on can meet themselves (Linux may give the
+    connecting socket that very port, a TCP self-connect), and its client then aborted the process
+    (``terminate called without an active exception``) instead of raising. And rank 0 leaves a
+    token in its store that the others check, so a port some other process listens on by now is
+    not taken for this start's store."""
     import torch.distributed as dist
     from torch.distributed.rendezvous import rendezvous
 
@@ -143,18 +152,45 @@ def start_store(ranks: Ranks) -> Any:
         own = dist.TCPStore(
             "0.0.0.0", 0, ranks.world_size, is_master=True, timeout=GROUP_TIMEOUT, wait_for_workers=False
         )
-        launcher.set(STORE_KEY, f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{own.port}")
+        token = os.urandom(8).hex()
+        own.set(TOKEN_KEY, token)
+        launcher.set(STORE_KEY, f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{own.port}:{token}")
         return own
     deadline = time.monotonic() + GROUP_TIMEOUT.total_seconds()
     while True:
-        host, port = launcher.get(STORE_KEY).decode().rsplit(":", 1)
-        try:
-            return dist.TCPStore(host, int(port), ranks.world_size, is_master=False, timeout=STORE_PROBE)
-        except RuntimeError as exc:  # DistNetworkError: nothing listens there
-            if time.monotonic() > deadline:
-                raise
-            logger.info("rank %d: no store answers at %s:%s (a previous start's?): %s", ranks.rank, host, port, exc)
-            time.sleep(0.5)
+        host, port, token = launcher.get(STORE_KEY).decode().rsplit(":", 2)
+        store = _join_store(host, int(port), token, ranks.world_size)
+        if store is not None:
+            return store
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {ranks.rank}: no store of this start's rank 0 answered in {GROUP_TIMEOUT}")
+        logger.info("rank %d: no store of this start answers at %s:%s (a previous start's?)", ranks.rank, host, port)
+        time.sleep(0.5)
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether another socket listens at ``host:port``: one plain connection, a self-connect counting as no."""
+    try:
+        with socket.create_connection((host, port), timeout=STORE_PROBE.total_seconds()) as probe:
+            return probe.getsockname() != probe.getpeername()
+    except OSError:
+        return False
+
+
+def _join_store(host: str, port: int, token: str, world_size: int) -> Any:
+    """A client of the store at ``host:port`` if it is the one that left ``token``, else None."""
+    import torch.distributed as dist
+
+    if not _listening(host, port):
+        return None
+    try:
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=STORE_PROBE)
+        if store.check([TOKEN_KEY]) and store.get(TOKEN_KEY).decode() == token:
+            store.set_timeout(GROUP_TIMEOUT)
+            return store
+    except RuntimeError:  # DistNetworkError or a store that is not ours
+        pass
+    return None
 
 
 def share(count: int, rank: int, world_size: int) -> range:

@@ -1,14 +1,17 @@
 """A trainer of several ranks, without starting any: each rank's share of a batch, its micro-batches,
-the launcher command line and the config's checks."""
+the launcher command line, the config's checks and how a rank finds its start's store."""
 
 from __future__ import annotations
+
+import socket
+from datetime import timedelta
 
 import numpy as np
 import pytest
 
 from astraflow.config import parse_config
 from astraflow.launch.ranks import MAX_RESTARTS, RankLaunch, launcher_argv
-from astraflow.training.distributed import Ranks, share
+from astraflow.training.distributed import TOKEN_KEY, Ranks, _join_store, _listening, share
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
 
@@ -118,3 +121,28 @@ def test_world_size_needs_a_backend_that_shards() -> None:
         parse_config({"train": {"world_size": 2, "backend": "simulated"}})
     with pytest.raises(Exception, match="need train.deepspeed.zero_stage 1, 2 or 3"):
         parse_config({"train": {"world_size": 2, "backend": "deepspeed", "deepspeed": {"zero_stage": 0}}})
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_rank_joins_only_the_store_that_left_its_token() -> None:
+    import torch.distributed as dist
+
+    own = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    own.set(TOKEN_KEY, "this-start")
+    joined = _join_store("127.0.0.1", own.port, "this-start", 2)
+    assert joined is not None
+    joined.set("seen", "yes")
+    assert own.get("seen") == b"yes"
+    # a store some other process listens with on the port a dead rank 0 had is not this start's
+    assert _join_store("127.0.0.1", own.port, "a-previous-start", 2) is None
+
+
+def test_a_port_nothing_listens_on_is_not_handed_to_the_store_client() -> None:
+    port = _free_port()
+    assert not _listening("127.0.0.1", port)
+    assert _join_store("127.0.0.1", port, "any", 2) is None
