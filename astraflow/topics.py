@@ -75,7 +75,7 @@ class RunTopics:
                 TopicSpec(self.weights(policy), partitions=2, max_message_bytes=chunk_bytes + MiB),
                 TopicSpec(
                     self.stream_changelog(policy),
-                    partitions=1,
+                    partitions=partitions,  # one per trajectories partition: its state (``streams.changelog``)
                     compacted=True,
                     max_message_bytes=32 * MiB,
                     segment_ms=CHANGELOG_SEGMENT_MS,

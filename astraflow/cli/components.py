@@ -140,6 +140,16 @@ def stream(
         ),
     ] = None,
     policy: PolicyOpt = None,
+    instance: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help=(
+                "Which instance of the policy's stream processor this is (native runtime; see stream.instances): "
+                "instances share the trajectories partitions, each with its own transactional id."
+            ),
+        ),
+    ] = 0,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
     from astraflow.launch.process import run_component
@@ -147,11 +157,19 @@ def stream(
     overrides = {"stream.runtime": runtime} if runtime else None
     cfg, directory = _component(config, run_dir, backend, bootstrap, overrides, security)
     cfg = _one_policy(cfg, policy)
+    name = "stream" if instance == 0 else f"stream-{instance}"
     if cfg.stream_runtime() == "faust":
-        from astraflow.streams.faust_runtime import FaustStreamProcessor as Processor
-    else:
-        from astraflow.streams.native import NativeStreamProcessor as Processor
-    run_component("stream", cfg, directory, lambda ctx, stop: Processor(ctx, cfg.policy).run(stop))
+        if instance:
+            raise typer.BadParameter(
+                "several instances need the native runtime (--runtime native)", param_hint="--instance"
+            )
+        from astraflow.streams.faust_runtime import FaustStreamProcessor
+
+        run_component(name, cfg, directory, lambda ctx, stop: FaustStreamProcessor(ctx, cfg.policy).run(stop))
+        return
+    from astraflow.streams.native import NativeStreamProcessor
+
+    run_component(name, cfg, directory, lambda ctx, stop: NativeStreamProcessor(ctx, cfg.policy, instance).run(stop))
 
 
 @app.command()

@@ -141,9 +141,21 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _stream_runtime_fits_the_log(self) -> "RunConfig":
         for name in self.policy_names():
-            if self.log.backend == "embedded" and self.for_policy(name).stream.runtime == "faust":
+            narrowed = self.for_policy(name)
+            if self.log.backend == "embedded" and narrowed.stream.runtime == "faust":
                 raise ValueError(
                     "stream.runtime: 'faust' runs on Kafka only (log.backend: kafka); use 'native' on the embedded log"
+                )
+            instances = narrowed.stream.instances
+            if instances > 1 and narrowed.stream_runtime() != "native":
+                raise ValueError(
+                    f"stream.instances: {instances} (policy {name!r}) needs stream.runtime: native; the faust runtime "
+                    "keeps its operators' state in memory, so a partition moved to another worker would lose it"
+                )
+            if instances > self.log.partitions:
+                raise ValueError(
+                    f"stream.instances: {instances} (policy {name!r}) exceeds log.partitions: {self.log.partitions}; "
+                    "an instance without a trajectories partition would have no work"
                 )
         return self
 

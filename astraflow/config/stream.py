@@ -97,6 +97,12 @@ class StreamConfig(Section):
         "changelog-backed table, exactly-once through Kafka transactions); unset: faust on Kafka, native on the "
         "embedded log."
     )
+    instances: int = Field(default=1, ge=1, le=64)
+    (
+        "Stream processor instances of each policy that ``astraflow run`` starts (native runtime): they share the "
+        "trajectories partitions in one consumer group, each restoring the state of the partitions it is given, and "
+        "one that stops has its partitions taken over by the others. At most ``log.partitions`` of them have work."
+    )
 
     @model_validator(mode="after")
     def _pipeline_is_runnable(self) -> "StreamConfig":

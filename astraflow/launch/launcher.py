@@ -197,12 +197,12 @@ def plan(config: RunConfig) -> list[tuple[str, tuple[str, ...]]]:
     """The long-running components of a run, as (child name, (command, *options)), producers aside."""
     if not config.policies:
         components = [(name, (name,)) for name in ("train", "evaluate", "stream")]
+        components += _more_instances(config, "stream", ())
     else:
-        components = [
-            (f"{name}-{policy}", (name, "--policy", policy))
-            for policy in config.policy_names()
-            for name in ("train", "stream", "evaluate")
-        ]
+        components = []
+        for policy in config.policy_names():
+            components += [(f"{name}-{policy}", (name, "--policy", policy)) for name in ("train", "stream", "evaluate")]
+            components += _more_instances(config.for_policy(policy), f"stream-{policy}", ("--policy", policy))
         if len(config.policies) > 1 and config.rollout.workflow == "solver_verifier":
             components.append(("evaluate-system", ("evaluate", "--system")))
     if not config.eval.enabled:
@@ -211,6 +211,14 @@ def plan(config: RunConfig) -> list[tuple[str, tuple[str, ...]]]:
     if config.scaler.enabled:
         components.append(("scale", ("scale",)))
     return components
+
+
+def _more_instances(config: RunConfig, name: str, options: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """The stream processor instances after the first (``stream.instances``), as ``plan`` lists them."""
+    return [
+        (f"{name}-{instance}", ("stream", *options, "--instance", str(instance)))
+        for instance in range(1, config.stream.instances)
+    ]
 
 
 def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:

@@ -295,11 +295,14 @@ class Log(ABC):
         """A new producer (idempotent where the backend allows)."""
 
     @abstractmethod
-    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
+    def transactional_producer(self, transactional_id: str, timeout_s: float | None = None) -> TransactionalProducer:
         """A producer of transactions that fences every older one with the same ``transactional_id``.
 
         Name the id after what the stage writes for, e.g. ``{run}.train.{policy}``, so that a
         restarted stage gets the same one; it may wait for an older instance's transaction to end.
+        ``timeout_s``: how long a transaction may stay open before the log aborts it (Kafka's
+        ``transaction.timeout.ms``, librdkafka's default when None); the embedded log never leaves
+        one open, so it has none.
         """
 
     @abstractmethod

@@ -121,7 +121,7 @@ class EmbeddedLog(Log):
     def producer(self) -> Producer:
         return EmbeddedProducer(self.path)
 
-    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
+    def transactional_producer(self, transactional_id: str, timeout_s: float | None = None) -> TransactionalProducer:
         return EmbeddedTransactionalProducer(self.path, transactional_id)
 
     def consumer(

@@ -268,8 +268,11 @@ class KafkaLog(Log):
     def producer(self) -> Producer:
         return KafkaProducer(self._producer_config())
 
-    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
-        return KafkaTransactionalProducer(self._producer_config(), transactional_id, _TIMEOUT_S)
+    def transactional_producer(self, transactional_id: str, timeout_s: float | None = None) -> TransactionalProducer:
+        config = self._producer_config()
+        if timeout_s is not None:
+            config["transaction.timeout.ms"] = int(timeout_s * 1000)
+        return KafkaTransactionalProducer(config, transactional_id, _TIMEOUT_S)
 
     def consumer(
         self,

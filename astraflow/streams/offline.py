@@ -24,6 +24,13 @@ records, so operators stay free of I/O:
    committed ``state`` and goes on exactly from there: no offline group is emitted twice or
    skipped, and the pass count goes on. The source reads with a consumer of no group, so the
    source run's log is only ever read.
+
+The native runtime keeps its state per input partition (``streams.changelog``), offline sources
+included: the processor makes one source per mixer for each input partition it is assigned, and
+the source of input partition ``p`` of ``P`` mixes in the offline groups whose id hashes to ``p``
+(``share``; crc32 of the id, modulo ``P``). So the shares are disjoint and cover the topic, however
+the input partitions are spread over processor instances, and a partition taken over by another
+instance goes on with its own share from its own position.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import dataclasses
 import json
 import logging
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -93,9 +101,12 @@ class OfflineSource:
         limits: Limits = Limits(),
         state: bytes | None = None,
         dead_letter: DeadLetterSink | None = None,
+        share: tuple[int, int] = (0, 1),
     ) -> None:
         self.ctx = ctx
         self.index = index
+        self.share = share
+        """(input partition, input partitions): this source mixes in the groups whose id hashes to the first."""
         self._dead_letter = dead_letter or ctx.dead_letter
         self.policy = policy
         self.mixer = mixer
@@ -151,6 +162,8 @@ class OfflineSource:
             trajectory, error = None, exc
         else:
             key = trajectory.group_id
+        if not self._mine(key):
+            return  # another input partition's share of the topic
         if key is not None:
             first = self._spans.get((key, message.partition), (message.offset, message.offset))[0]
             self._spans[(key, message.partition)] = (first, message.offset)
@@ -168,6 +181,13 @@ class OfflineSource:
                 group = self.buffer.add(trajectory, message.partition, message.offset)
         if group is not None:
             self._accept(group, version)
+
+    def _mine(self, group_id: str | None) -> bool:
+        """Whether this source's share holds the group (a record naming none goes to the first share)."""
+        mine, shares = self.share
+        if group_id is None:
+            return mine == 0
+        return zlib.crc32(group_id.encode()) % shares == mine
 
     def _accept(self, group: Group, version: int) -> None:
         group.origin = f"#offline{self.passes}"

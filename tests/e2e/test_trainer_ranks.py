@@ -1,12 +1,14 @@
-"""The math job with a trainer of two ranks (``train.world_size: 2``, DDP on gloo) learns, and survives
-the SIGKILL of a rank; so does one of two DeepSpeed ZeRO-3 ranks (a long test: ``pytest -m long``),
-whose restart resumes from a checkpoint in DeepSpeed's format through its universal conversion.
+"""The math job with a trainer of two ranks (``train.world_size: 2``, DDP on gloo) and two stream
+processor instances (``stream.instances: 2``) learns, and survives the SIGKILL of a rank; so does
+one of two DeepSpeed ZeRO-3 ranks (a long test: ``pytest -m long``), whose restart resumes from a
+checkpoint in DeepSpeed's format through its universal conversion.
 
 ``astraflow run`` starts the trainer under ``torch.distributed.run``; rank 0 reads the samples and
 writes the log, rank 1 trains its half of every batch. Mid-run rank 1 is killed: the elastic agent
 ends rank 0 too and restarts both, which resume from the last checkpoint (``checkpoint_every: 1``)
 as a restarted trainer does. Afterwards every trajectory has one fate (``astraflow audit``: none
-lost, none trained twice), only rank 0 wrote metrics, and the held-out score rose.
+lost, none trained twice), only rank 0 wrote metrics, both stream instances emitted groups (one
+partition each), and the held-out score rose.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path, backe
         run_dir / "test.yaml",
         run="ranks",
         train={"world_size": 2, "threads": 1, **BACKENDS[backend]},
+        stream={"instances": 2},
         eval={"every_versions": 5},
         stop={"max_minutes": 12, "max_versions": MAX_VERSIONS, "target_accuracy": None},
     )
@@ -105,5 +108,8 @@ def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path, backe
     writers = {row["labels"]["instance"] for row in rows if row["component"] == "train"}
     rank0_pids = {path.stem.rsplit("-", 1)[1] for path in (run_dir / "logs").glob("train-[0-9]*.log")}
     assert {writer.rsplit("-", 1)[1] for writer in writers} <= rank0_pids, (writers, rank0_pids)
+    # the two stream instances each accepted groups: the trajectories partitions were shared
+    streams = {row["component"] for row in rows if row["name"] == "stream.accepted_groups"}
+    assert streams == {"stream", "stream-1"}, streams
     accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
     assert gain_over_base(accuracy) >= MARGIN, summary

@@ -70,8 +70,8 @@ class DyingLog:
         self._death.arm(consumer, "commit", self._after)
         return consumer
 
-    def transactional_producer(self, transactional_id: str) -> Any:
-        producer = self._log.transactional_producer(transactional_id)
+    def transactional_producer(self, transactional_id: str, timeout_s: float | None = None) -> Any:
+        producer = self._log.transactional_producer(transactional_id, timeout_s)
         self._death.arm(producer, "commit", self._after)
         return producer
 

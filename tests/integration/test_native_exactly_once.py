@@ -161,8 +161,8 @@ class KillingLog:
         if self.armed:
             raise Killed("killed after sending the poll's outputs, before committing")
 
-    def transactional_producer(self, transactional_id: str) -> TransactionalProducer:
-        return KilledTransactions(self, self.log.transactional_producer(transactional_id))
+    def transactional_producer(self, transactional_id: str, timeout_s: float | None = None) -> TransactionalProducer:
+        return KilledTransactions(self, self.log.transactional_producer(transactional_id, timeout_s))
 
     def consumer(self, group_id: str | None = None, **options: object):
         consumer = self.log.consumer(group_id, **options)

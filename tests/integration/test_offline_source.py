@@ -6,6 +6,9 @@ offline groups pass the group operators except ``staleness`` (their versions are
 carry ``#offline0`` ids and ``replayed``, make up half of the samples while the topic lasts, the
 garbage is dead-lettered, and the processor's changelog holds the source's position.
 
+With two input partitions, each partition's source mixes in the offline groups whose id hashes
+to it: together every offline group once, each from one partition's share.
+
 The restart test splits an offline group the way the issue splits a live one: group o10 lies
 wholly after o11's first member, and o11's second member comes only after the processor stopped;
 the restarted processor must neither emit o10 again nor lose o11 nor any group fed to the mixer
@@ -75,12 +78,18 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 @pytest.fixture
 def ctx(log_target: dict[str, str], tmp_path, unique: str):
+    context = ComponentContext(parse_config(live_config(log_target, unique, partitions=1)), tmp_path, "stream")
+    yield context
+    context.close()
+
+
+def live_config(log_target: dict[str, str], unique: str, partitions: int) -> dict:
     raw = {
         "run": f"live{unique}",
         "log": {
             "backend": log_target["backend"],
             "bootstrap": log_target.get("bootstrap", "localhost:9092"),
-            "partitions": 2,
+            "partitions": partitions,  # with one input partition its source has the whole offline topic
         },
         "rollout": {"group_size": GROUP},
         "stream": {
@@ -93,9 +102,7 @@ def ctx(log_target: dict[str, str], tmp_path, unique: str):
             ],
         },
     }
-    context = ComponentContext(parse_config(raw), tmp_path, "stream")
-    yield context
-    context.close()
+    return raw
 
 
 def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: str) -> None:
@@ -145,7 +152,7 @@ def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: 
     fresh = [s for s in samples if "#offline" not in s.sample_id]
     assert len({s.sample_id for s in fresh}) == 6 * GROUP and not any(s.replayed for s in fresh)
     # the changelog holds the source's position past the garbage and the emitted groups, not past the end
-    state = json.loads(Changelog.load(ctx.log, ctx.topics.stream_changelog("main")).table[state_key(0)])
+    state = json.loads(Changelog.load(ctx.log, ctx.topics.stream_changelog("main"), 0).table[state_key(0)])
     assert 5 * GROUP < sum(state["next"].values()) <= 12 * GROUP + 1, state
     assert ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main.offline0") is None  # the source joins no group
     live_committed = ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main", {})
@@ -215,3 +222,40 @@ def test_a_restarted_processor_mixes_each_offline_group_once(ctx: ComponentConte
     offline_before = {sid for sid in before if "#offline" in sid}
     assert offline_before and len(offline_before) < len([sid for sid in samples if "#offline" in sid])
     assert {10, 11} <= set(groups), groups  # the split pair came through the restart, once each
+
+
+def test_each_input_partition_mixes_in_its_own_share_of_the_offline_groups(
+    log_target: dict[str, str], tmp_path, unique: str
+) -> None:
+    ctx = ComponentContext(parse_config(live_config(log_target, unique, partitions=2)), tmp_path, "stream")
+    try:
+        old = f"old{unique}"
+        ctx.log.create_topic(TopicSpec(f"{old}.trajectories.main", partitions=1))
+        for g in range(12):
+            for i in range(GROUP):
+                value = ctx.codec.encode(trajectory(old, g, i, float(i % 2), 300))
+                ctx.producer.send(f"{old}.trajectories.main", value, key=f"{old}/g{g}".encode(), partition=0)
+        for g in range(24):  # 12 fresh groups per input partition: more than either share can pay at weight 0.5
+            for i, reward in enumerate([0.0, 1.0, 0.0, 1.0]):
+                value = ctx.codec.encode(trajectory(ctx.config.run, g, i, reward, 0))
+                ctx.producer.send(
+                    ctx.topics.trajectories("main"), value, key=f"{ctx.config.run}/g{g}".encode(), partition=g % 2
+                )
+        ctx.producer.flush()
+
+        def fresh_done() -> bool:
+            samples = read(ctx, ctx.topics.samples("main"), TrainSample)
+            return sum("#offline" not in s.sample_id for s in samples) == 24 * GROUP
+
+        running_until(ctx, fresh_done, "24 fresh groups")
+        samples = Counter(s.sample_id for s in read(ctx, ctx.topics.samples("main"), TrainSample))
+        assert max(samples.values()) == 1
+        mixed = {sid.split("/")[1] for sid in samples if "#offline" in sid}
+        assert mixed == {f"g{g}" for g in range(12)}  # every offline group, once (the shares are disjoint)
+        fed = [
+            json.loads(Changelog.load(ctx.log, ctx.topics.stream_changelog("main"), p).table[state_key(0)])["fed"]
+            for p in (0, 1)
+        ]
+        assert sum(fed) == 12 and min(fed) > 0, fed  # both input partitions mixed in a share of their own
+    finally:
+        ctx.close()

@@ -83,7 +83,8 @@ def test_bad_trajectory_is_dead_lettered_and_its_group_dropped_as_incomplete(
         groups = [processor._add(Message(topic, 0, offset, b"g", value, 0)) for offset, value in enumerate(values)]
         assert groups[0] is None and groups[1] is not None and groups[1].failed
         assert processor._process(groups[1], 0) is False
-        assert processor.buffers[0].pending == {} and processor.buffers[0].failed == {}  # nothing left waiting
+        buffer = processor.states[0].buffer
+        assert buffer.pending == {} and buffer.failed == {}  # nothing left waiting
         processor.transactions.commit()
         [letter] = read(ctx, ctx.topics.deadletter(), DeadLetter)
         [stats] = read(ctx, ctx.topics.feedback(), PromptStats)
@@ -113,7 +114,7 @@ def test_a_group_whose_every_member_is_bad_leaves_nothing_waiting(tmp_path: Path
         for index in range(2):
             value = Codec().encode(traj("g", index, float("nan"), size=2))
             assert processor._add(Message(topic, 0, index, b"g", value, 0)) is None
-        assert processor.buffers[0].pending == {} and processor.buffers[0].failed == {}
+        assert processor.states[0].buffer.pending == {} and processor.states[0].buffer.failed == {}
         assert (
             processor._add(Message(topic, 0, 2, b"g", Codec().encode(traj("g", 0, 1.0, size=2)), 0)) is None
         )  # late: done

@@ -309,3 +309,46 @@ def test_three_policies_each_play_every_task_with_their_own_group_size() -> None
     assert (
         set(budgets) == {"alpha", "beta", "gamma"} and budgets["gamma"].tasks_per_batch == 32
     )  # 64 samples / groups of 2
+
+
+def test_stream_instances_are_planned_after_the_first() -> None:
+    single = plan(parse_config({"stream": {"instances": 2}}))
+    assert ("stream-1", ("stream", "--instance", "1")) in single
+    assert sum(options[0] == "stream" for _, options in single) == 2
+    steps = plan(parse_config({**THREE, "policies": {**THREE["policies"], "beta": {"stream": {"instances": 2}}}}))
+    streams = [(name, options) for name, options in steps if options[0] == "stream"]
+    assert streams == [
+        ("stream-alpha", ("stream", "--policy", "alpha")),
+        ("stream-beta", ("stream", "--policy", "beta")),
+        ("stream-beta-1", ("stream", "--policy", "beta", "--instance", "1")),
+        ("stream-gamma", ("stream", "--policy", "gamma")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        ({"stream": {"instances": 3}, "log": {"partitions": 2}}, "exceeds log.partitions: 2"),
+        (
+            {"stream": {"instances": 2}, "log": {"backend": "kafka", "bootstrap": "127.0.0.1:9092"}},
+            "needs stream.runtime: native",
+        ),
+        (
+            {
+                "stream": {"instances": 2, "runtime": "faust"},
+                "log": {"backend": "kafka", "bootstrap": "127.0.0.1:9092"},
+            },
+            "needs stream.runtime: native",
+        ),
+    ],
+)
+def test_stream_instances_the_run_cannot_use_are_refused(raw: dict, names: str) -> None:
+    with pytest.raises(ConfigError, match=names):
+        parse_config(raw)
+
+
+def test_native_stream_instances_on_kafka_are_accepted() -> None:
+    config = parse_config(
+        {"stream": {"instances": 2, "runtime": "native"}, "log": {"backend": "kafka", "bootstrap": "127.0.0.1:9092"}}
+    )
+    assert config.stream.instances == 2
