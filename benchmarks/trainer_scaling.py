@@ -8,7 +8,8 @@
    3 likewise, counted from ZeRO's own partitions: each parameter's ``ds_tensor``, the flat gradient
    partition, and as optimizer state the AdamW moments *and* the fp32 master partition ZeRO keeps
    beside the parameters even when they are fp32 themselves (its communication buckets are not
-   counted).
+   counted); and ZeRO-3 in DeepSpeed's bf16 mode (``train.deepspeed.mixed_precision: bf16``, what
+   ``auto`` is on a GPU with bf16): bf16 weight partitions, the fp32 master and AdamW's moments.
 2. ``samples_per_s``: the tiny model's trainer (``torch`` backend) at one and two ranks on the same
    batches, three rounds alternating which goes first, on the same cores: one rank of
    ``CORES`` threads against two ranks of ``CORES / 2`` threads each. On two CPU cores a second rank
@@ -50,8 +51,9 @@ def local_bytes(tensor) -> int:
     return local.numel() * local.element_size()
 
 
-BACKENDS = {"ddp": "torch", "fsdp2": "fsdp", "zero3": "deepspeed3"}
-"""Name in the results → ``--rank-bytes`` backend (``deepspeed3``: ``deepspeed`` at ZeRO stage 3)."""
+BACKENDS = {"ddp": "torch", "fsdp2": "fsdp", "zero3": "deepspeed3", "zero3bf16": "deepspeed3bf16"}
+"""Name in the results → ``--rank-bytes`` backend (``deepspeed3``: ``deepspeed`` at ZeRO stage 3;
+``deepspeed3bf16``: the same in DeepSpeed's bf16 mode, ``train.deepspeed.mixed_precision: bf16``)."""
 
 
 def zero3_bytes(backend, torch) -> dict:
@@ -93,7 +95,10 @@ def rank_bytes(backend: str, small: bool, out: Path) -> None:
     model = random_qwen2(SMALL_QWEN2 if small else QWEN2_05B)
     config = model.config
     step = PolicyStepConfig(lr=1e-5, lr_warmup_steps=0)
-    deepspeed = DeepSpeedOptions(zero_stage=3) if backend == "deepspeed3" else None
+    deepspeed = None
+    if backend.startswith("deepspeed3"):
+        precision = "bf16" if backend.endswith("bf16") else "off"
+        deepspeed = DeepSpeedOptions(zero_stage=3, mixed_precision=precision)
     name = "deepspeed" if deepspeed else backend
     learner = build_learner(name, model, 0, step, ranks=ranks, deepspeed=deepspeed)
     learner.step(random_examples(config.vocab_size, 2 * ranks.world_size, 8, 8))
@@ -191,6 +196,8 @@ def summarize(measured: dict, rates: dict) -> dict:
         "ddp_2_over_ddp_1": per_rank["ddp-2"] / per_rank["ddp-1"],
         "zero3_2_over_ddp_2": per_rank["zero3-2"] / per_rank["ddp-2"],
         "zero3_2_over_zero3_1": per_rank["zero3-2"] / per_rank["zero3-1"],
+        "zero3bf16_2_over_ddp_2": per_rank["zero3bf16-2"] / per_rank["ddp-2"],
+        "zero3bf16_2_over_zero3bf16_1": per_rank["zero3bf16-2"] / per_rank["zero3bf16-1"],
         "samples_per_s_median": {world: statistics.median(values) for world, values in rates.items()},
         "two_over_one_ranks": statistics.median(rates["2"]) / statistics.median(rates["1"]),
     }
@@ -204,10 +211,11 @@ def plot(summary: dict, path: Path) -> None:
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = list(summary["per_rank_gib"])
-    colors = {"ddp": "#888", "fsdp2": "#48c", "zero3": "#c84"}
+    colors = {"ddp": "#888", "fsdp2": "#48c", "zero3": "#c84", "zero3bf16": "#e2a65a"}
     left.bar(names, [summary["per_rank_gib"][name] for name in names], color=[colors[n.split("-")[0]] for n in names])
     left.set_ylabel("GiB per rank (parameters + gradients + AdamW)")
-    left.set_title("Qwen2-0.5B-shaped, fp32")
+    left.set_title("Qwen2-0.5B-shaped (zero3bf16: bf16 weights, fp32 master)")
+    left.tick_params(axis="x", labelrotation=45)
     worlds = list(summary["samples_per_s_median"])
     right.bar([f"{w} rank(s)" for w in worlds], [summary["samples_per_s_median"][w] for w in worlds], color="#6a6")
     right.set_ylabel("samples/s (median of 3)")

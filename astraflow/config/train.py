@@ -21,6 +21,12 @@ class DeepSpeedOptions(Section):
     2 (and gradients), 3 (and the weights themselves)."""
     offload_optimizer: bool = False
     """Keep the optimizer states on the CPU and step them there (DeepSpeedCPUAdam, compiled on first use)."""
+    mixed_precision: Literal["auto", "bf16", "off"] = "auto"
+    (
+        "``auto``: DeepSpeed's bf16 mode (bf16 weights and compute, ZeRO's fp32 master partition and optimizer "
+        "states) where the device supports bf16 (a CUDA GPU), fp32 elsewhere (CPU); ``bf16``: that mode on any "
+        "device, the CPU included; ``off``: fp32 everywhere."
+    )
 
     @model_validator(mode="after")
     def _offload_needs_zero(self) -> "DeepSpeedOptions":

@@ -107,6 +107,8 @@ class OfflineSource:
         self.index = index
         self.share = share
         """(input partition, input partitions): this source mixes in the groups whose id hashes to the first."""
+        self._labels = {"policy": policy, "partition": str(share[0])}
+        """Its metrics' labels: each input partition's source counts its own share."""
         self._dead_letter = dead_letter or ctx.dead_letter
         self.policy = policy
         self.mixer = mixer
@@ -203,12 +205,12 @@ class OfflineSource:
         if reason is not None:
             kind = reason.split(":", 1)[0]
             self.drops[kind] += 1
-            self.ctx.metric(stream_offline_dropped(kind), self.drops[kind], version, policy=self.policy)
+            self.ctx.metric(stream_offline_dropped(kind), self.drops[kind], version, **self._labels)
             return
         group.operators.append(f"offline:{self.mixer.topic}")
         self.mixer.feed(group)
         self.fed += 1
-        self.ctx.metric(STREAM_OFFLINE_GROUPS, self.fed, version, policy=self.policy)
+        self.ctx.metric(STREAM_OFFLINE_GROUPS, self.fed, version, **self._labels)
 
     def _at_end(self) -> bool:
         ends = self.log.end_offsets(self.topic)
@@ -218,7 +220,7 @@ class OfflineSource:
         if not self.mixer.loop:
             logger.info("offline topic %s used up after %d groups; no more offline samples", self.mixer.topic, self.fed)
             self.exhausted = True
-            self.ctx.metric(STREAM_OFFLINE_USED_UP, 1.0, version, policy=self.policy)
+            self.ctx.metric(STREAM_OFFLINE_USED_UP, 1.0, version, **self._labels)
             return
         self.passes += 1
         self.buffer = GroupBuffer()  # a new pass completes the same group ids again

@@ -94,7 +94,15 @@ def build_backend(
     if name == "deepspeed":
         options = deepspeed or DeepSpeedOptions()
         return DeepSpeedBackend(
-            model, lr, betas, weight_decay, max_grad_norm, options.zero_stage, options.offload_optimizer, ranks
+            model,
+            lr,
+            betas,
+            weight_decay,
+            max_grad_norm,
+            options.zero_stage,
+            options.offload_optimizer,
+            ranks,
+            options.mixed_precision,
         )
     if name == "simulated":
         options = simulated or SimulatedTrainerOptions()

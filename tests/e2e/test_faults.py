@@ -68,7 +68,9 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
 
 
 def check(summary: dict, audit: dict, injector: FaultInjector) -> None:
-    # every kill was survived: the launcher restarted each kind, and said so in the metrics
+    # every kill was survived: the launcher restarted each kind, and said so in the metrics (all of them
+    # written by now: the last restart's record can reach metrics.jsonl after the injector stopped looking)
+    injector.probe.refresh()
     restarted = Counter(name.split("-", 1)[0] for name, n in summary["restarts"].items() for _ in range(n))
     assert all(
         restarted[kind] >= KILLS_PER_KIND and injector.probe.restarts[kind] >= KILLS_PER_KIND for kind in KINDS

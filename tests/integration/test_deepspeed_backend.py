@@ -56,10 +56,11 @@ def setup():
     return tokenizer, model, batches
 
 
-def _trainer(name: str, model, pad_id: int, stage: int = 2, offload: bool = False) -> PolicyTrainer:
-    options = parse_config(
-        {"train": {"backend": name, "deepspeed": {"zero_stage": stage, "offload_optimizer": offload}}}
-    ).train.deepspeed
+def _trainer(
+    name: str, model, pad_id: int, stage: int = 2, offload: bool = False, precision: str = "auto"
+) -> PolicyTrainer:
+    deepspeed = {"zero_stage": stage, "offload_optimizer": offload, "mixed_precision": precision}
+    options = parse_config({"train": {"backend": name, "deepspeed": deepspeed}}).train.deepspeed
     return build_learner(name, model, pad_id, STEP, deepspeed=options)
 
 
@@ -78,6 +79,21 @@ def test_zero_trains_like_torch(setup, stage: int, offload: bool) -> None:
     assert len({round(loss, 6) for loss in expected[::2]}) == STEPS  # the weights really moved between steps
     for name, tensor in reference.model.state_dict().items():
         torch.testing.assert_close(zero.model.state_dict()[name], tensor, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_zero3_in_bf16_keeps_bf16_weights_and_an_fp32_master_and_trains_like_torch(setup) -> None:
+    """``mixed_precision: bf16`` (what ``auto`` is on a GPU with bf16), here on the CPU: the engine's weights
+    are bf16, ZeRO's master partition fp32, and the steps follow fp32 torch within bf16's precision."""
+    tokenizer, model, batches = setup
+    reference = _trainer("torch", copy.deepcopy(model), tokenizer.pad_token_id)
+    zero = _trainer("deepspeed", copy.deepcopy(model), tokenizer.pad_token_id, 3, precision="bf16")
+    assert {p.ds_tensor.dtype for p in zero.backend.model.parameters()} == {torch.bfloat16}
+    assert {flat.dtype for flat in zero.backend.engine.optimizer.fp32_partitioned_groups_flat} == {torch.float32}
+    expected, got = _run(reference, batches), _run(zero, batches)
+    assert got[::2] == pytest.approx(expected[::2], rel=0.05, abs=1e-3)  # losses, within bf16's ~3 digits
+    full = dict(zero.backend.full_state().items())
+    moved = [name for name, tensor in model.state_dict().items() if not torch.equal(full[name].float(), tensor)]
+    assert moved, "no weight changed"
 
 
 def test_zero2_checkpoint_round_trip(setup, tmp_path: Path) -> None:

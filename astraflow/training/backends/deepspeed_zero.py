@@ -105,6 +105,16 @@ class GatheredZeroState(Mapping):
         return len(self._state)
 
 
+def bf16_mode(setting: str) -> bool:
+    """Whether ``train.deepspeed.mixed_precision`` runs DeepSpeed's bf16 mode: ``bf16`` always, ``auto`` on a
+    CUDA GPU with bf16."""
+    import torch
+
+    if setting == "bf16":
+        return True
+    return setting == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
 class DeepSpeedBackend(TrainerBackend):
     """A ``deepspeed.initialize`` engine over ``model`` with an AdamW of the given settings, on ``ranks``."""
 
@@ -118,6 +128,7 @@ class DeepSpeedBackend(TrainerBackend):
         zero_stage: int = 2,
         offload_optimizer: bool = False,
         ranks: Ranks = SINGLE,
+        mixed_precision: str = "auto",
     ) -> None:
         _prepare_environment()
         try:
@@ -149,6 +160,9 @@ class DeepSpeedBackend(TrainerBackend):
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**31 - 1,
         }
+        self.bf16 = bf16_mode(mixed_precision)
+        if self.bf16:
+            config["bf16"] = {"enabled": True}
         self.model = model
         self.ranks = ranks
         self.zero_stage = zero_stage
