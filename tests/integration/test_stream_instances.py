@@ -20,44 +20,19 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 from astraflow.config import load_config
 from astraflow.context import open_run_log
 from astraflow.log import Log, TopicPartition
-from astraflow.schemas.codec import Codec
-from astraflow.schemas.records import PromptStats, TrainSample, Trajectory
+from astraflow.schemas.records import PromptStats, TrainSample
 from astraflow.topics import RunTopics
+from tests.integration.test_faust_runtime import CODEC, GROUP, member
 
 pytestmark = pytest.mark.timeout(300)
-GROUP = 4
 GROUPS = 400
-CODEC = Codec()
-
-
-def member(group: int, index: int) -> tuple[bytes, bytes]:
-    """Member ``index`` of group ``g{group}``: mixed rewards, except every fifth group (all equal: dropped)."""
-    reward = 1.0 if group % 5 == 0 else float((group + index) % 2)
-    gid = f"g{group}"
-    trajectory = Trajectory(
-        trajectory_id=f"{gid}/{index}",
-        episode_id=f"{gid}/{index}",
-        group_id=gid,
-        task_id=gid,
-        prompt_id=f"p-{gid}",
-        policy="main",
-        workflow="math",
-        prompt_ids=np.arange(3, dtype=np.int32),
-        response_ids=np.arange(3, dtype=np.int32),
-        behaviour_logprobs=np.full(3, -0.5, dtype=np.float32),
-        token_versions=np.zeros(3, dtype=np.int32),
-        loss_mask=np.ones(3, dtype=np.uint8),
-        reward=reward,
-        group_size=GROUP,
-    )
-    return gid.encode(), CODEC.encode(trajectory)
+"""Groups of ``member`` (every fifth with equal rewards, dropped; the others accepted)."""
 
 
 class Instances:
