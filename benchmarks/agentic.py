@@ -1,12 +1,20 @@
 """Agentic workloads: reward and success rate against wall time, and sandbox executions per second.
 
-Each example named by ``--examples`` (default: ``search``, the tool-use run, and ``code``) runs as
-``astraflow run examples/<name>/config.yaml`` with every component its own process on the
-embedded log, for ``--minutes`` after its warm-up (or until its ``stop`` conditions). From the
-run's ``metrics.jsonl``: the evaluator's greedy held-out success (``eval.accuracy``, one episode
-per held-out task) and the producers' mean sampled reward per batch (``rollout.mean_reward``),
-against seconds since the components started; the warm-up (base checkpoint, cached under
-``$ASTRAFLOW_CACHE`` like a user's) is timed apart. ``--cold`` gives each run a fresh cache.
+Each example named by ``--examples`` (default: ``search``, ``code``, ``rooms`` and
+``solver_verifier``) runs as ``astraflow run examples/<name>/config.yaml`` with every component
+its own process on the embedded log, for ``--minutes`` (default 10) after its warm-up, with no
+accuracy target: the run ends on time. From the run's ``metrics.jsonl``: the evaluator's greedy
+held-out success (``eval.accuracy``, one episode per held-out task) and the producers' mean
+sampled reward per batch (``rollout.mean_reward``), against seconds since the components started;
+the warm-up (base checkpoint, cached under ``$ASTRAFLOW_CACHE`` like a user's) is timed apart.
+``--cold`` gives each run a fresh cache.
+
+Each run's ``result`` is what the README quotes, per policy: the base (version 0's evaluation),
+the final score as the mean of the last two held-out evaluations, the gain, versions and minutes,
+with the commit the benchmark ran at. For solver + verifier it adds the system evaluation of the
+last three evaluated version pairs: the solver alone (one sample), the verifier's choice among k
+samples, a majority vote over the same k, pass@k, and the share of the gap between the solver alone
+and pass@k the verifier's choice recovers.
 
 Sandbox throughput: ``--sandbox-runs`` executions of a one-line program (read n, print 3n+1) in
 each backend that works here, one at a time and from ``--workers`` threads, the way the code
@@ -46,7 +54,7 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
     """``astraflow run`` of one example; its curves, summary and timings."""
     raw = yaml.safe_load((REPO / "examples" / name / "config.yaml").read_text())
     raw["run"] = f"bench-{name}"
-    raw.setdefault("stop", {})["max_minutes"] = minutes
+    raw["stop"] = {"max_minutes": minutes, "target_accuracy": None}  # on time, never on what is reported
     config = work / f"{name}.yaml"
     config.write_text(yaml.safe_dump(raw))
     run_dir = work / name
@@ -80,6 +88,8 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
 
     return {
         "example": name,
+        "commit": commit(),
+        "result": result(summary),
         "config": raw,
         "total_seconds": time.perf_counter() - started,
         "warmup_seconds": summary["warmup_seconds"],
@@ -90,6 +100,60 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
     }
+
+
+def commit() -> str:
+    """The commit the benchmark runs at, ``+dirty`` when the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    )
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def policy_result(accuracy_by_version: dict[str, float], versions: int, minutes: float) -> dict:
+    """Base, the mean of the last two held-out evaluations after it, the gain, versions, minutes."""
+    accuracy = {int(version): value for version, value in accuracy_by_version.items()}
+    late = [accuracy[version] for version in sorted(accuracy) if version > 0][-2:]
+    final = sum(late) / len(late) if len(late) == 2 else float("nan")
+    base = accuracy.get(0, float("nan"))
+    return {
+        "base": base,
+        "final_last_two": final,
+        "gain": final - base,
+        "evaluations": len(accuracy),
+        "versions": versions,
+        "minutes": minutes,
+    }
+
+
+def result(summary: dict) -> dict:
+    """What the README quotes of one run (see the module docstring)."""
+    minutes = summary["wall_seconds"] / 60
+    if "policies" not in summary:
+        return {"main": policy_result(summary["accuracy_by_version"], summary["versions"], minutes)}
+    out = {
+        name: policy_result(policy["accuracy_by_version"], policy["versions"], minutes)
+        for name, policy in summary["policies"].items()
+    }
+    pairs = list(summary.get("system_accuracy", {}).get("by_versions", {}).items())
+    if pairs:
+        late = [figures for _, figures in pairs[-3:]]
+
+        def mean(key: str) -> float:
+            return sum(figures[key] for figures in late) / len(late)
+
+        alone, judged, majority, pass_at_k = mean("alone"), mean("judged"), mean("majority"), mean("pass_at_k")
+        out["system"] = {
+            "version_pairs": [pair for pair, _ in pairs[-3:]],
+            "base": pairs[0][1],
+            "alone": alone,
+            "judged": judged,
+            "majority": majority,
+            "pass_at_k": pass_at_k,
+            "gap_recovered": (judged - alone) / (pass_at_k - alone) if pass_at_k > alone else float("nan"),
+        }
+    return out
 
 
 def sandbox_throughput(runs: int, workers: int) -> list[dict]:
@@ -200,8 +264,10 @@ def plot(report: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", default="search,code", help="comma-separated example names under examples/")
-    parser.add_argument("--minutes", type=float, default=4.0, help="stop.max_minutes of each run (after its warm-up)")
+    parser.add_argument(
+        "--examples", default="search,code,rooms,solver_verifier", help="comma-separated example names under examples/"
+    )
+    parser.add_argument("--minutes", type=float, default=10.0, help="stop.max_minutes of each run (after its warm-up)")
     parser.add_argument("--cold", action="store_true", help="warm each base checkpoint up anew (own cache per run)")
     parser.add_argument("--sandbox-runs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
@@ -228,12 +294,19 @@ def main() -> None:
         kept = [run for run in json.loads(args.output.read_text())["runs"] if run["example"] not in fresh]
         report["runs"] = kept + report["runs"]
     for run in report["runs"]:
-        s = run["summary"]
-        print(
-            f"{run['example']}: held-out success {s['base_accuracy']:.3f} -> best {s['best_accuracy']:.3f} "
-            f"(final {s['final_accuracy']:.3f}) "
-            f"in {s['versions']} versions, {s['wall_seconds']:.0f} s after a {run['warmup_seconds']:.0f} s warm-up"
-        )
+        for policy, r in run.get("result", {}).items():
+            if policy == "system":
+                print(
+                    f"{run['example']} system, last three version pairs: alone {r['alone']:.3f}, verifier's choice "
+                    f"{r['judged']:.3f}, majority {r['majority']:.3f}, pass@k {r['pass_at_k']:.3f} "
+                    f"({r['gap_recovered']:.0%} of the gap recovered)"
+                )
+                continue
+            print(
+                f"{run['example']} {policy}: held-out {r['base']:.3f} -> {r['final_last_two']:.3f} "
+                f"(mean of the last two, {r['gain']:+.3f}) in {r['versions']} versions, {r['minutes']:.1f} min "
+                f"after a {run['warmup_seconds']:.0f} s warm-up, at {run['commit']}"
+            )
     for entry in report["sandbox"]:
         rates = {k: round(v["executions_per_s"], 1) for k, v in entry.items() if k.startswith("threads_")}
         print(f"sandbox {entry['backend']}: {rates or entry.get('error')} executions/s")

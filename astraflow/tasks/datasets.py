@@ -89,6 +89,10 @@ def task_data_version(kind: str) -> int:
         from astraflow.tasks.code.programs import DATA_VERSION
 
         return DATA_VERSION
+    if kind == "rooms":
+        from astraflow.tasks.rooms.data import DATA_VERSION
+
+        return DATA_VERSION
     return 1
 
 

@@ -258,12 +258,16 @@ class PolicyTrainer:
         the number the largest share needs; a rank whose share runs out runs a muted copy of the
         batch's first example, whose zero loss mask adds nothing to the loss or the gradients. The
         loss of each is divided by the whole batch's token (or sequence) count, so the summed
-        gradients of all parts of all ranks are the gradient of the whole batch.
+        gradients of all parts of all ranks are the gradient of the whole batch. Cut, the share is
+        ordered by length first: each micro-batch is padded to its own longest sequence, and
+        multi-turn episodes of very different lengths then waste little on padding.
         """
         ranks = self.ranks
         mine = [examples[index] for index in share(len(examples), ranks.rank, ranks.world_size)]
         largest = len(share(len(examples), 0, ranks.world_size))
         size = self.config.micro_batch_size or largest
+        if size < len(mine):
+            mine.sort(key=lambda example: len(example.prompt_ids) + len(example.response_ids))
         count = math.ceil(largest / size)
         muted = replace(examples[0], loss_mask=np.zeros_like(examples[0].loss_mask), advantage=0.0)
         return [mine[start : start + size] or [muted] for start in range(0, count * size, size)]

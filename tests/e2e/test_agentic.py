@@ -52,12 +52,14 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # bounded by versions, not minutes, so a loaded machine is only slower; never by the accuracy it
     # asserts. The base guesses (~0.1); measured 0.105 -> 0.68 at version 5 and 0.71 at 10
-    # (benchmarks/results/agentic.json), so the evaluations at 5 and 10 are both after learning.
+    # (benchmarks/results/agentic.json), so evaluations at 3 and 6 are both well into learning, and
+    # the run stays within ~3 minutes in CI (cold warm-up included)
     config = example_config(
         "search",
         tmp_path / "search.yaml",
         run="agentic",
-        stop={"max_versions": 10, "max_minutes": 30, "target_accuracy": None},
+        eval={"every_versions": 3},
+        stop={"max_versions": 6, "max_minutes": 30, "target_accuracy": None},
     )
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
@@ -69,7 +71,7 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     # greedy held-out success, one search episode per question, measured by the evaluator process:
     # the mean of the last two evaluations (200 questions each, so one varies by ~0.035)
-    assert summary["versions"] >= 10, summary
+    assert summary["versions"] >= 6, summary
     accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
     assert gain_over_base(accuracy) >= 0.2, summary
     with open_log("embedded", path=run_dir / "log.sqlite") as log:

@@ -32,10 +32,35 @@ def test_rooms_layout_is_a_connected_deterministic_maze(seed: int) -> None:
     assert layout == RoomsLayout.generate(seed, 3) and len(layout.doors) == 8  # a spanning tree of 9 rooms
     env = RoomsEnv(layout)
     assert env.reset().startswith("find the key. you are in the ")
-    for direction in layout.shortest_path()[:-1]:
-        assert not env.step(f"go({direction})").done
+    for direction in layout.shortest_path()[:-1]:  # the shortest path only ever gets warmer
+        step = env.step(f"go({direction})")
+        assert not step.done and step.observation.endswith(" warmer.\n")
     assert env.step(f"go({layout.shortest_path()[-1]})").done
     assert env.reward() == {"reward": 1.0, "found": 1.0, "moves": float(len(layout.shortest_path())), "invalid": 0.0}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rooms_says_warmer_or_colder_after_every_move(seed: int) -> None:
+    layout = RoomsLayout.generate(seed, 3)
+    distance = layout.distances()
+    assert distance[layout.start] == len(layout.shortest_path()) and distance[layout.key] == 0
+    signals = []
+    for (x, y), name in layout.names.items():
+        for direction in layout.exits((x, y)):
+            env = RoomsEnv(layout)
+            env.cell = (x, y)
+            step = env.step(f"go({direction})")
+            dx, dy = DIRECTIONS[direction]
+            there = (x + dx, y + dy)
+            if there == layout.key:
+                assert step.done and "found the key" in step.observation
+                continue
+            signal = "warmer" if distance[there] < distance[(x, y)] else "colder"
+            back = {"north": "south", "south": "north", "east": "west", "west": "east"}[direction]
+            assert step.observation == f"\n{layout.describe(there, back)} {signal}.\n"
+            assert f"{back} (back)" in step.observation and step.observation.count("(back)") == 1
+            signals.append(signal)
+    assert {"warmer", "colder"} <= set(signals)
 
 
 def test_rooms_invalid_moves_are_observations() -> None:

@@ -146,3 +146,18 @@ def test_a_port_nothing_listens_on_is_not_handed_to_the_store_client() -> None:
     port = _free_port()
     assert not _listening("127.0.0.1", port)
     assert _join_store("127.0.0.1", port, "any", 2) is None
+
+
+def test_micro_batches_are_cut_from_the_share_ordered_by_length() -> None:
+    lengths = [9, 2, 7, 3, 8, 1, 5, 4]
+    examples = [
+        PolicyExample(
+            np.array([3], np.int32), np.full(n, 5, np.int32), np.zeros(n, np.float32), np.ones(n, np.uint8), float(i)
+        )
+        for i, n in enumerate(lengths)
+    ]
+    parts = PolicyTrainer(None, 0, PolicyStepConfig(micro_batch_size=3), backend=_NoBackend())._parts(examples)
+    widths = [[len(example.response_ids) for example in part] for part in parts]
+    assert widths == [[1, 2, 3], [4, 5, 7], [8, 9]]  # padded to 3, 7 and 9 rather than 9, 9 and 9
+    unsplit = PolicyTrainer(None, 0, PolicyStepConfig(), backend=_NoBackend())._parts(examples)
+    assert [example.advantage for example in unsplit[0]] == [float(i) for i in range(8)]  # one part keeps the order

@@ -11,6 +11,10 @@ import json
 from astraflow.tasks.base import Problem
 from astraflow.tasks.rooms.env import RoomsEnv, RoomsLayout, layout_from_reference
 
+DATA_VERSION = 2
+"""Bumped whenever the game changes (2: the back door marked, warmer or colder after each move), so
+cached base checkpoints warmed up on an older game are not reused."""
+
 
 def room_problems(
     seed: int, heldout_size: int, games: int = 2000, size: int = 3

@@ -3,10 +3,20 @@
 The layout is a pure function of ``(seed, size)``: ``size × size`` named rooms, doors along a
 random spanning tree of the grid (so every room is reachable and paths are unique), a start room
 and a key room. The policy sees only the room it is in and its exits, and moves with
-``go(north|south|east|west)``; it must explore. Reward 1 when it reaches the key room, else 0.
+``go(north|south|east|west)``; after each move the game marks the door it came in by (``back``) and
+says whether the key is now fewer doors away (``warmer``) or more (``colder``). Reward 1 when it
+reaches the key room, else 0.
 
     find the key. you are in the hall. exits: north, east.\\n  go(east)<eos>
-    \\nyou are in the attic. exits: west.\\n  ...  \\nyou found the key in the study.\\n
+    \\nyou are in the attic. exits: west (back). colder.\\n  go(west)<eos>  ...  \\nyou found the key in the study.\\n
+
+The signal is what makes the game learnable by reinforcement and not by imitation. Without it the
+policy can only explore blindly: within 8 moves a depth-first search in the best fixed order finds
+the key in 0.82 of the layouts, and a walk that never steps straight back in 0.73, which is where a
+warmed-up policy already is. With it, stepping back on ``colder`` and trying the next door finds the
+key in all but a few. The warm-up's demonstrations walk the shortest path, so they only ever say
+``warmer`` and never take the ``back`` door: that ``colder`` calls for exactly that door is never
+shown, and only reward teaches it.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ ROOM_NAMES = [
     "vault",
 ]
 DIRECTIONS = {"north": (0, -1), "south": (0, 1), "east": (1, 0), "west": (-1, 0)}
+OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 Cell = tuple[int, int]
 
 
@@ -79,8 +90,23 @@ class RoomsLayout:
         x, y = cell
         return [d for d, (dx, dy) in DIRECTIONS.items() if frozenset({cell, (x + dx, y + dy)}) in self.doors]
 
-    def describe(self, cell: Cell) -> str:
-        return f"you are in the {self.names[cell]}. exits: {', '.join(self.exits(cell))}."
+    def describe(self, cell: Cell, back: str | None = None) -> str:
+        """The room and its exits; ``back`` marks the door the player came in by."""
+        exits = [f"{d} (back)" if d == back else d for d in self.exits(cell)]
+        return f"you are in the {self.names[cell]}. exits: {', '.join(exits)}."
+
+    def distances(self) -> dict[Cell, int]:
+        """Doors between each room and the key room."""
+        distance, queue = {self.key: 0}, deque([self.key])
+        while queue:
+            cell = queue.popleft()
+            for direction in self.exits(cell):
+                dx, dy = DIRECTIONS[direction]
+                nxt = (cell[0] + dx, cell[1] + dy)
+                if nxt not in distance:
+                    distance[nxt] = distance[cell] + 1
+                    queue.append(nxt)
+        return distance
 
     def shortest_path(self) -> list[str]:
         """The moves from the start to the key (for warm-up demonstrations)."""
@@ -119,12 +145,14 @@ class RoomsEnv(EpisodeEnv):
     found: bool = False
     moves: int = 0
     invalid: int = 0
+    back: str | None = None
 
     def __post_init__(self) -> None:
         self.cell = self.layout.start
+        self.distance = self.layout.distances()
 
     def reset(self) -> str:
-        self.cell, self.found, self.moves, self.invalid = self.layout.start, False, 0, 0
+        self.cell, self.found, self.moves, self.invalid, self.back = self.layout.start, False, 0, 0, None
         return f"find the key. {self.layout.describe(self.cell)}\n"
 
     def step(self, action: str) -> StepResult:
@@ -134,14 +162,17 @@ class RoomsEnv(EpisodeEnv):
             return StepResult("\nwrite go(north), go(south), go(east) or go(west).\n")
         if call.argument not in self.layout.exits(self.cell):
             self.invalid += 1
-            return StepResult(f"\nno door {call.argument}. {self.layout.describe(self.cell)}\n")
+            return StepResult(f"\nno door {call.argument}. {self.layout.describe(self.cell, self.back)}\n")
         dx, dy = DIRECTIONS[call.argument]
-        self.cell = (self.cell[0] + dx, self.cell[1] + dy)
+        before, self.cell = self.cell, (self.cell[0] + dx, self.cell[1] + dy)
         self.moves += 1
         if self.cell == self.layout.key:
             self.found = True
             return StepResult(f"\nyou found the key in the {self.layout.names[self.cell]}.\n", done=True)
-        return StepResult(f"\n{self.layout.describe(self.cell)}\n")
+        # on a tree every move changes the distance by one door
+        signal = "warmer" if self.distance[self.cell] < self.distance[before] else "colder"
+        self.back = OPPOSITE[call.argument]
+        return StepResult(f"\n{self.layout.describe(self.cell, self.back)} {signal}.\n")
 
     def reward(self) -> dict[str, float]:
         return {
