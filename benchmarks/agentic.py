@@ -89,7 +89,7 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
     return {
         "example": name,
         "commit": commit(),
-        "result": result(summary),
+        "result": quoted_result(summary),
         "config": raw,
         "total_seconds": time.perf_counter() - started,
         "warmup_seconds": summary["warmup_seconds"],
@@ -127,7 +127,7 @@ def policy_result(accuracy_by_version: dict[str, float], versions: int, minutes:
     }
 
 
-def result(summary: dict) -> dict:
+def quoted_result(summary: dict) -> dict:
     """What the README quotes of one run (see the module docstring)."""
     minutes = summary["wall_seconds"] / 60
     if "policies" not in summary:
