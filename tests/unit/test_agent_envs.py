@@ -16,7 +16,7 @@ from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.code.env import CodeEnv
 from astraflow.tasks.code.programs import parse_reference, program_problems
 from astraflow.tasks.rooms.data import room_problems
-from astraflow.tasks.rooms.env import DIRECTIONS, RoomsEnv, RoomsLayout, layout_from_reference
+from astraflow.tasks.rooms.env import DIRECTIONS, OPPOSITE, RoomsEnv, RoomsLayout, layout_from_reference, neighbour
 from astraflow.tasks.rooms.server import rooms_factory
 
 
@@ -45,18 +45,17 @@ def test_rooms_says_warmer_or_colder_after_every_move(seed: int) -> None:
     distance = layout.distances()
     assert distance[layout.start] == len(layout.shortest_path()) and distance[layout.key] == 0
     signals = []
-    for (x, y), name in layout.names.items():
-        for direction in layout.exits((x, y)):
+    for cell in layout.names:
+        for direction in layout.exits(cell):
             env = RoomsEnv(layout)
-            env.cell = (x, y)
+            env.cell = cell
             step = env.step(f"go({direction})")
-            dx, dy = DIRECTIONS[direction]
-            there = (x + dx, y + dy)
+            there = neighbour(cell, direction)
             if there == layout.key:
                 assert step.done and "found the key" in step.observation
                 continue
-            signal = "warmer" if distance[there] < distance[(x, y)] else "colder"
-            back = {"north": "south", "south": "north", "east": "west", "west": "east"}[direction]
+            signal = "warmer" if distance[there] < distance[cell] else "colder"
+            back = OPPOSITE[direction]
             assert step.observation == f"\n{layout.describe(there, back)} {signal}.\n"
             assert f"{back} (back)" in step.observation and step.observation.count("(back)") == 1
             signals.append(signal)

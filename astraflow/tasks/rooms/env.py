@@ -52,6 +52,12 @@ OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 Cell = tuple[int, int]
 
 
+def neighbour(cell: Cell, direction: str) -> Cell:
+    """The cell one step from ``cell`` in ``direction``."""
+    dx, dy = DIRECTIONS[direction]
+    return cell[0] + dx, cell[1] + dy
+
+
 @dataclass
 class RoomsLayout:
     size: int
@@ -87,8 +93,7 @@ class RoomsLayout:
         return cls(size, names, doors, start, key)
 
     def exits(self, cell: Cell) -> list[str]:
-        x, y = cell
-        return [d for d, (dx, dy) in DIRECTIONS.items() if frozenset({cell, (x + dx, y + dy)}) in self.doors]
+        return [d for d in DIRECTIONS if frozenset({cell, neighbour(cell, d)}) in self.doors]
 
     def describe(self, cell: Cell, back: str | None = None) -> str:
         """The room and its exits; ``back`` marks the door the player came in by."""
@@ -101,30 +106,20 @@ class RoomsLayout:
         while queue:
             cell = queue.popleft()
             for direction in self.exits(cell):
-                dx, dy = DIRECTIONS[direction]
-                nxt = (cell[0] + dx, cell[1] + dy)
+                nxt = neighbour(cell, direction)
                 if nxt not in distance:
                     distance[nxt] = distance[cell] + 1
                     queue.append(nxt)
         return distance
 
     def shortest_path(self) -> list[str]:
-        """The moves from the start to the key (for warm-up demonstrations)."""
-        previous: dict[Cell, tuple[Cell, str] | None] = {self.start: None}
-        queue = deque([self.start])
-        while queue:
-            cell = queue.popleft()
-            for direction in self.exits(cell):
-                dx, dy = DIRECTIONS[direction]
-                nxt = (cell[0] + dx, cell[1] + dy)
-                if nxt not in previous:
-                    previous[nxt] = (cell, direction)
-                    queue.append(nxt)
-        path, cell = [], self.key
-        while previous[cell] is not None:
-            cell, direction = previous[cell]
-            path.append(direction)
-        return path[::-1]
+        """The moves from the start to the key (for warm-up demonstrations): on a tree, each one the
+        door that is one nearer."""
+        distance, cell, path = self.distances(), self.start, []
+        while cell != self.key:
+            path.append(next(d for d in self.exits(cell) if distance[neighbour(cell, d)] < distance[cell]))
+            cell = neighbour(cell, path[-1])
+        return path
 
 
 def layout_from_reference(reference: str) -> RoomsLayout:
@@ -163,8 +158,7 @@ class RoomsEnv(EpisodeEnv):
         if call.argument not in self.layout.exits(self.cell):
             self.invalid += 1
             return StepResult(f"\nno door {call.argument}. {self.layout.describe(self.cell, self.back)}\n")
-        dx, dy = DIRECTIONS[call.argument]
-        before, self.cell = self.cell, (self.cell[0] + dx, self.cell[1] + dy)
+        before, self.cell = self.cell, neighbour(self.cell, call.argument)
         self.moves += 1
         if self.cell == self.layout.key:
             self.found = True
