@@ -50,6 +50,7 @@ class Evaluator:
         self.model, self.tokenizer = load_policy(base_checkpoint_path(ctx.config, ctx.run_dir))
         self.heldout = load_policy_split(ctx.config, ctx.run_dir, "heldout")
         self.last_evaluated = -1
+        self.unscored: tuple[int, dict] | None = None  # the newest version taken in but not due
         self.score = self._scorer()
 
     def _scorer(self):
@@ -98,6 +99,8 @@ class Evaluator:
                 version, state = pending
                 if self.due(version):
                     self._evaluate_or_dead_letter(version, state)
+                else:
+                    self.unscored = pending
             if self.ctx.config.eval.final:
                 self._final(follower)
         finally:
@@ -116,14 +119,15 @@ class Evaluator:
         """On a stop, score the newest version if it was not: the launcher stops the trainers first,
         so the follower takes in what is left on the weights topic (until nothing new came for
         ``SETTLE_S`` and every announced version is in, at most ``FINAL_WAIT_S``) and the run's last
-        evaluation is of the weights it ends with."""
+        evaluation is of the weights it ends with: the newest version on the topic, or else the newest
+        one taken in before the stop and skipped as not due."""
         deadline = time.monotonic() + FINAL_WAIT_S
         while time.monotonic() < deadline:
             seen = follower.newest_version
             follower.wait_for(seen + 1, timeout=SETTLE_S)
             if follower.newest_version == seen and follower.latest_version >= seen:
                 break
-        pending = follower.take()
+        pending = follower.take() or self.unscored
         if pending is not None and pending[0] > self.last_evaluated:
             logger.info("stopping: a final evaluation of version %d", pending[0])
             self._evaluate_or_dead_letter(*pending)

@@ -1,0 +1,68 @@
+"""The evaluator's last score is of the weights the run ends with (``eval.final``).
+
+With ``eval.every_versions`` above 1 most versions are taken in and skipped as not due; the one a
+run ends on is usually among them. On a stop the evaluator must still score it, and score it
+from its own weights, not from the last version it evaluated.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from astraflow.consumers import evaluator as evaluator_module
+from astraflow.consumers.evaluator import Evaluator
+
+
+class ScriptedFollower:
+    """Hands out the given versions one per ``take``, then asks the run to stop (nothing is announced after)."""
+
+    def __init__(self, versions: list[int], stop: threading.Event) -> None:
+        self.pending = [(v, {"weight": torch.full((1, 1), float(v)), "bias": torch.zeros(1)}) for v in versions]
+        self.stop = stop
+        self.newest_version = self.latest_version = versions[-1]
+
+    def take(self) -> tuple[int, dict] | None:
+        if self.pending:
+            return self.pending.pop(0)
+        self.stop.set()
+        return None
+
+    def wait_for(self, version: int, timeout: float) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def scored_versions(versions: list[int], every: int, final: bool, monkeypatch: pytest.MonkeyPatch) -> dict[int, float]:
+    scores: dict[int, float] = {}
+    ctx = SimpleNamespace(
+        config=SimpleNamespace(eval=SimpleNamespace(every_versions=every, final=final)),
+        metric=lambda name, value, step, **labels: scores.__setitem__(step, value) if name == "eval.accuracy" else None,
+        producer=SimpleNamespace(flush=lambda: None),
+    )
+    evaluator = Evaluator.__new__(Evaluator)  # everything but the model loading of __init__
+    evaluator.ctx, evaluator.policy, evaluator.last_evaluated, evaluator.unscored = ctx, "main", -1, None
+    evaluator.model = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        evaluator.model.weight.fill_(0.0)
+    evaluator.score = lambda: evaluator.model.weight.item()  # "accuracy" = the version whose weights are loaded
+    stop = threading.Event()
+    follower = ScriptedFollower(versions, stop)
+    monkeypatch.setattr(evaluator_module, "follow_weights", lambda ctx, policy, payload: follower)
+    evaluator.run(stop)
+    return scores
+
+
+def test_the_version_a_run_ends_on_is_scored_even_when_not_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    scores = scored_versions([1, 2, 3, 4, 5, 6, 7], every=5, final=True, monkeypatch=monkeypatch)
+    assert scores == {0: 0.0, 5: 5.0, 7: 7.0}  # version 7 scored from its own weights
+
+
+def test_no_final_evaluation_when_the_last_version_was_scored_or_final_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert scored_versions([1, 2, 3, 4, 5], every=5, final=True, monkeypatch=monkeypatch) == {0: 0.0, 5: 5.0}
+    assert scored_versions([1, 2, 3, 4, 5, 6, 7], every=5, final=False, monkeypatch=monkeypatch) == {0: 0.0, 5: 5.0}
