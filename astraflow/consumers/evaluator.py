@@ -98,6 +98,7 @@ class Evaluator:
                     continue
                 version, state = pending
                 if self.due(version):
+                    self.unscored = None  # an older skipped version's weights are no longer the final ones
                     self._evaluate_or_dead_letter(version, state)
                 else:
                     self.unscored = pending
