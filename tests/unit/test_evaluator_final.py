@@ -15,6 +15,7 @@ import torch
 
 from astraflow.consumers import evaluator as evaluator_module
 from astraflow.consumers.evaluator import Evaluator
+from astraflow.metric_names import EVAL_ACCURACY
 
 
 class ScriptedFollower:
@@ -42,7 +43,7 @@ def scored_versions(versions: list[int], every: int, final: bool, monkeypatch: p
     scores: dict[int, float] = {}
     ctx = SimpleNamespace(
         config=SimpleNamespace(eval=SimpleNamespace(every_versions=every, final=final)),
-        metric=lambda name, value, step, **labels: scores.__setitem__(step, value) if name == "eval.accuracy" else None,
+        metric=lambda name, value, step, **labels: scores.__setitem__(step, value) if name == EVAL_ACCURACY else None,
         producer=SimpleNamespace(flush=lambda: None),
     )
     evaluator = Evaluator.__new__(Evaluator)  # everything but the model loading of __init__
