@@ -81,6 +81,12 @@ class StreamConfig(Section):
     """Default pipeline: drop groups whose rewards are all equal (they carry no gradient)."""
     pipeline: list[OperatorSpec] | None = None
     """Operators in dataflow order: group operators, then mixers, then at most one ordering."""
+    spare_groups: float = Field(default=1.25, ge=0.0, le=10.0)
+    (
+        "Where ``max_staleness`` is 0: the feeder releases each batch with spares, this many times the groups a "
+        "batch loses at the drop rate of the last four versions, so a batch is usually full without a round trip "
+        "to replace its drops; spares no drop used are surplus and go stale. 0: replace drops once reported."
+    )
     curator: CuratorSpec = AcceptAllCurator()
     """Which prompts the task feeder submits, from the PromptStats on the feedback topic."""
     max_abs_reward: float = Field(default=1e6, gt=0.0, le=1e30)

@@ -10,6 +10,19 @@ in the stream pipeline only (1 − ρ) of each batch is fresh, so n batches take
 fresh groups (``PolicyBudget.fresh_groups``: the one more is for the replay share the first batch
 misses). The feeder learns V from the weights topic's manifests.
 
+Spare groups (``stream.spare_groups``, where a policy's ``max_staleness`` is 0). There the bound holds
+exactly one batch, so every group the stream drops is replaced only after its feedback arrives: a round
+trip feedback → feeder → producer → stream → trainer on each version's critical path. Instead the feeder
+counts spares as if they were dropped already: with each version v it releases E_v spare groups,
+``spare_groups`` times the groups a batch loses at the drop rate of the last four versions (B q / (1 − q)
+for B groups a batch and a share q dropped), and the bound becomes
+``capacity(V, D + W + max(0, E_V − d_V))``, where d_V is the drops reported since the feeder saw version V
+(they use spares up before any replacement is released) and W the spares of earlier versions no drop used
+(surplus: a group the trainer did not need goes stale at the next version and gives nothing back). Each
+task records this state (``spares.<policy>``); a restarted feeder continues from it, and where the version
+moved on since, counts the whole E of the recorded version as surplus: more than the truth at worst, so
+the restart can over-release a few groups once but never leaves a batch short.
+
 With several policies the bound is computed per policy p, in tasks: one task yields g_p groups of
 p (``Workflow.groups_per_task``), so n batches take ⌈fresh groups of p / g_p⌉ tasks and p's dropped
 groups give back ⌈dropped_p / g_p⌉ tasks; the feeder submits up to the smallest bound, i.e. it
@@ -57,7 +70,7 @@ import random
 import threading
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from astraflow.context import ComponentContext, now_ms
 from astraflow.errors import AstraFlowError, TransactionAbortedError
@@ -73,6 +86,62 @@ from astraflow.tasks.base import Problem
 from astraflow.weights.follow import follow_weights
 
 logger = logging.getLogger(__name__)
+
+
+SPARE_WINDOW = 4
+"""Versions over which the feeder measures the drop rate it provides spares for."""
+MAX_DROP_RATE = 0.9
+"""Spares are sized for at most this drop rate (nine spares a kept group): more, and replacements do the rest."""
+
+
+@dataclass
+class Spares:
+    """One policy's spare groups (module docstring, "Spare groups"), in groups."""
+
+    factor: float
+    batch: int
+    """Fresh groups in one trainer batch."""
+    version: int | None = None
+    base: int = 0
+    """The policy's dropped groups (the feedback's count) when ``version`` began."""
+    target: int = 0
+    """E: spare groups released with ``version``."""
+    wasted: int = 0
+    """W: spare groups of earlier versions that no drop used."""
+    recent: list[tuple[int, int]] = field(default_factory=list)
+    """(groups dropped, groups released) during each of the last ``SPARE_WINDOW`` versions."""
+
+    def groups(self, version: int, dropped: int) -> int:
+        """Groups to count as dropped on top of ``dropped`` at trainer version ``version``."""
+        if version != self.version:
+            if self.version is not None:
+                used = dropped - self.base
+                self.wasted += max(0, self.target - used)
+                self.recent = (self.recent + [(used, self.batch + max(used, self.target))])[-SPARE_WINDOW:]
+            self.version, self.base = version, dropped
+            if self.recent:
+                # from the drop rate, not the drop count: spares are dropped at the same rate, so a count would
+                # feed on itself
+                rate = min(sum(d for d, _ in self.recent) / sum(r for _, r in self.recent), MAX_DROP_RATE)
+                self.target = math.ceil(self.factor * self.batch * rate / (1.0 - rate) - 1e-9)
+        return self.wasted + max(0, self.target - (dropped - self.base))
+
+    def state(self) -> str:
+        """What a task records of it (``spares.<policy>``)."""
+        recent = ";".join(f"{d}:{r}" for d, r in self.recent)
+        return f"{self.version},{self.base},{self.target},{self.wasted},{recent}"
+
+    def restore(self, state: str) -> None:
+        """Continue from a recorded ``state``; ``resumed`` then reads where the versions are."""
+        version, base, target, wasted, recent = state.split(",")
+        self.version, self.base, self.target, self.wasted = int(version), int(base), int(target), int(wasted)
+        self.recent = [(int(d), int(r)) for d, r in (pair.split(":") for pair in recent.split(";") if pair)]
+
+    def resumed(self, version: int, dropped: int) -> None:
+        """After ``restore``: where the version moved on, count the recorded version's spares as surplus."""
+        if self.version is not None and version != self.version:
+            self.wasted += self.target
+            self.version, self.base = version, dropped
 
 
 @dataclass(frozen=True)
@@ -143,6 +212,12 @@ class TaskFeeder:
         self.skipped = 0
         self._stalled = False
         self._orders: dict[int, list[int]] = {}
+        self.spares = {
+            policy: Spares(cfg.for_policy(policy).stream.spare_groups, budget.fresh_groups(1))
+            for policy, budget in self.budgets.items()
+            if budget.max_staleness == 0 and cfg.for_policy(policy).stream.spare_groups > 0
+        }
+        self._resumed = False
 
     def resume(self) -> None:
         """Continue after the newest task of each tasks partition (module docstring). Call it once
@@ -155,6 +230,11 @@ class TaskFeeder:
         counted = sum(ctx.log.end_offsets(ctx.topics.tasks()).values())
         self.submitted = max(int(t.metadata["seq"]) + 1 if "seq" in t.metadata else counted for t in newest)
         self.cursor = max(self.submitted, *(int(t.metadata.get("cursor", -1)) + 1 for t in newest))
+        last = max(newest, key=lambda t: int(t.metadata.get("seq", -1)))
+        for policy, spares in self.spares.items():
+            if f"spares.{policy}" in last.metadata:
+                spares.restore(last.metadata[f"spares.{policy}"])
+        self._resumed = True
 
     def task(self, n: int, versions: dict[str, int], seq: int | None = None) -> RolloutTask:
         """The n-th candidate task of the run (deterministic in n and the seed); ``seq``: its submission number."""
@@ -171,6 +251,7 @@ class TaskFeeder:
             metadata["seq"] = str(seq)
         if cfg.mode == "lockstep":
             metadata.update({f"version.{policy}": str(max(v, 0)) for policy, v in versions.items()})
+        metadata.update({f"spares.{p}": s.state() for p, s in self.spares.items() if s.version is not None})
         return RolloutTask(
             task_id=task_id,
             prompt_id=row.prompt_id,
@@ -202,8 +283,17 @@ class TaskFeeder:
         return None
 
     def capacity(self, versions: dict[str, int], dropped: Counter[str]) -> int:
-        """Tasks that may have been submitted in total at these trainer versions: the slowest policy's bound."""
-        return min(budget.capacity(versions[policy], dropped[policy]) for policy, budget in self.budgets.items())
+        """Tasks that may have been submitted in total at these trainer versions: the slowest policy's bound, spare
+        groups included (module docstring)."""
+        if self._resumed:
+            self._resumed = False
+            for policy, spares in self.spares.items():
+                spares.resumed(versions[policy], dropped[policy])
+        extra = {policy: spares.groups(versions[policy], dropped[policy]) for policy, spares in self.spares.items()}
+        return min(
+            budget.capacity(versions[policy], dropped[policy] + extra.get(policy, 0))
+            for policy, budget in self.budgets.items()
+        )
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
