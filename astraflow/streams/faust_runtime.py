@@ -81,7 +81,8 @@ from astraflow.weights.follow import WeightFollower, follow_weights
 logger = logging.getLogger(__name__)
 
 COMMIT_INTERVAL_S = 0.5
-"""How often the transactions commit: the longest a sample waits before the trainer can read it."""
+"""How often faust's timer commits the transactions. The agent also commits as soon as it sent outputs and
+no input waits (a batch of trajectories handled): in a latency-bound loop that is the commit that counts."""
 SESSION_TIMEOUT_S = 10.0
 """A worker that stops heart-beating (killed) gives its partitions up after this long."""
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -119,6 +120,8 @@ class FaustStreamProcessor(GroupProcessor):
         self.recovered = 0
         """Records faust left out, handled from the log instead (``_recover_skipped``)."""
         self.failure: BaseException | None = None
+        self.emitted = False
+        """Outputs sent since the agent last committed them itself (when no input was waiting)."""
 
     def run(self, stop: threading.Event) -> None:
         if logging.getLogger().level > logging.DEBUG:  # faust logs every service start and stop at INFO
@@ -237,6 +240,10 @@ class FaustStreamProcessor(GroupProcessor):
                     return
                 await stream.ack(event)
                 lock.release()
+                if self.emitted and stream.channel.empty():
+                    # outputs wait for nothing more that has arrived: commit them now, not at the next timer
+                    self.emitted = False
+                    await app.consumer.commit()
                 await asyncio.sleep(0)  # sends rarely suspend: let faust's commit timer and fetcher run
 
         app.agent(topic, name=f"{self.app_id}.process")(process)
@@ -287,6 +294,7 @@ class FaustStreamProcessor(GroupProcessor):
         records = self.out.drain()
         if not records:  # a commit before any record, or with no table change: the assignor may not know the topic yet
             return
+        self.emitted = self.emitted or source_partition is not None
         group = app.assignor.group_for_topic(self.source)
         for topic, key, value, target in records:
             partition = target if source_partition is None else source_partition
