@@ -64,8 +64,15 @@ PROMPT_IDS_CHECKED = 64
 
 
 def first_reaching(curve: list[dict], threshold: float) -> float | None:
-    """Wall seconds of the first evaluation at or above ``threshold``; ``None`` if never."""
-    return next((point["wall_s"] for point in curve if point["em"] >= threshold), None)
+    """Wall seconds of the first of two consecutive evaluations at or above ``threshold`` (one lucky
+    evaluation does not count); ``None`` if never."""
+    return next((a["wall_s"] for a, b in zip(curve, curve[1:]) if a["em"] >= threshold and b["em"] >= threshold), None)
+
+
+CHECKPOINTS_S = (60.0, 120.0, 180.0)
+"""Wall times at which both sides' held-out EM is compared."""
+BARS = {"time_to_threshold_ratio_min": 1.5, "per_version_over_bound_max": 1.3}
+"""Issue #25: AstraFlow at least 1.5x sooner to the threshold, at most 1.3x the compute bound per version."""
 
 
 def em_at(curve: list[dict], wall_s: float) -> float | None:
@@ -490,6 +497,8 @@ def compare(astraflow: dict, trl: dict, threshold: float) -> dict:
         "trl_em_at_equal_wall": em_at(t_curve, equal),
         "astraflow_final_em": a_curve[-1]["em"] if a_curve else None,
         "trl_final_em": t_curve[-1]["em"] if t_curve else None,
+        **{f"astraflow_em_at_{at:.0f}s": em_at(a_curve, at) for at in CHECKPOINTS_S},
+        **{f"trl_em_at_{at:.0f}s": em_at(t_curve, at) for at in CHECKPOINTS_S},
     }
 
 
@@ -576,7 +585,7 @@ def main() -> None:
         "train": str(prepared / "data" / "train.jsonl"),
         "heldout": str(prepared / "data" / "heldout.jsonl"),
         "lr": t.lr,
-        "prompts": config.rollout.prompts_per_generation,
+        "prompts": config.train.batch_samples // config.rollout.group_size,  # one batch: 64 x 8 as at a8c69cf
         "group": config.rollout.group_size,
         "temperature": config.rollout.temperature,
         "max_new_tokens": config.rollout.max_new_tokens,
@@ -669,6 +678,20 @@ def main() -> None:
             [r[side]["trained_samples_per_s"] for r in rounds if r[side]["trained_samples_per_s"]]
         )
     medians["compute_bound_samples_per_s"] = round(bound["sequences"] / bound["step_s"], 1)
+    ratio, per_version = (
+        medians["trl_over_astraflow_time_to_threshold"],
+        medians["astraflow_per_step_over_compute_bound"],
+    )
+    medians["bars"] = BARS
+    medians["bars_met"] = {
+        "time_to_threshold": ratio is not None and ratio >= BARS["time_to_threshold_ratio_min"],
+        "em_at_checkpoints": all(
+            medians[f"astraflow_em_at_{at:.0f}s"] is not None
+            and medians[f"astraflow_em_at_{at:.0f}s"] >= (medians[f"trl_em_at_{at:.0f}s"] or 0.0)
+            for at in CHECKPOINTS_S
+        ),
+        "per_version_over_bound": per_version is not None and per_version <= BARS["per_version_over_bound_max"],
+    }
     report = {
         "inputs": {
             "config": str(args.config),
