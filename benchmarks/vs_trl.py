@@ -1,4 +1,4 @@
-"""AstraFlow (async, embedded log) vs TRL ``GRPOTrainer``: held-out exact match against wall time.
+"""AstraFlow (the math example on the embedded log) vs TRL ``GRPOTrainer``: held-out exact match against wall time.
 
 Both sides start from the same base checkpoint (``astraflow warmup CONFIG``, or ``--base``), train
 on the same split of the run directory (``data/train.jsonl``), are scored by the same greedy
