@@ -110,10 +110,16 @@ class Spares:
     """W: spare groups of earlier versions that no drop used."""
     recent: list[tuple[int, int]] = field(default_factory=list)
     """(groups dropped, groups released) during each of the last ``SPARE_WINDOW`` versions."""
+    restored: bool = False
+    """Restored from a task and not yet compared with the version the restarted feeder reads."""
 
     def groups(self, version: int, dropped: int) -> int:
         """Groups to count as dropped on top of ``dropped`` at trainer version ``version``."""
-        if version != self.version:
+        if version != self.version and self.restored:
+            # the version moved on since the recorded state: how many of its spares drops used is unknown
+            self.wasted += self.target
+            self.version, self.base = version, dropped
+        elif version != self.version:
             if self.version is not None:
                 used = dropped - self.base
                 self.wasted += max(0, self.target - used)
@@ -124,6 +130,7 @@ class Spares:
                 # feed on itself
                 rate = min(sum(d for d, _ in self.recent) / sum(r for _, r in self.recent), MAX_DROP_RATE)
                 self.target = math.ceil(self.factor * self.batch * rate / (1.0 - rate) - 1e-9)
+        self.restored = False
         return self.wasted + max(0, self.target - (dropped - self.base))
 
     def state(self) -> str:
@@ -132,16 +139,12 @@ class Spares:
         return f"{self.version},{self.base},{self.target},{self.wasted},{recent}"
 
     def restore(self, state: str) -> None:
-        """Continue from a recorded ``state``; ``resumed`` then reads where the versions are."""
+        """Continue from a recorded ``state``: at the same version exactly; where the next ``groups`` reads a newer
+        one, with the recorded version's spares all counted as surplus."""
         version, base, target, wasted, recent = state.split(",")
         self.version, self.base, self.target, self.wasted = int(version), int(base), int(target), int(wasted)
         self.recent = [(int(d), int(r)) for d, r in (pair.split(":") for pair in recent.split(";") if pair)]
-
-    def resumed(self, version: int, dropped: int) -> None:
-        """After ``restore``: where the version moved on, count the recorded version's spares as surplus."""
-        if self.version is not None and version != self.version:
-            self.wasted += self.target
-            self.version, self.base = version, dropped
+        self.restored = True
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,6 @@ class TaskFeeder:
             for policy, budget in self.budgets.items()
             if budget.max_staleness == 0 and cfg.for_policy(policy).stream.spare_groups > 0
         }
-        self._resumed = False
 
     def resume(self) -> None:
         """Continue after the newest task of each tasks partition (module docstring). Call it once
@@ -234,7 +236,6 @@ class TaskFeeder:
         for policy, spares in self.spares.items():
             if f"spares.{policy}" in last.metadata:
                 spares.restore(last.metadata[f"spares.{policy}"])
-        self._resumed = True
 
     def task(self, n: int, versions: dict[str, int], seq: int | None = None) -> RolloutTask:
         """The n-th candidate task of the run (deterministic in n and the seed); ``seq``: its submission number."""
@@ -285,10 +286,6 @@ class TaskFeeder:
     def capacity(self, versions: dict[str, int], dropped: Counter[str]) -> int:
         """Tasks that may have been submitted in total at these trainer versions: the slowest policy's bound, spare
         groups included (module docstring)."""
-        if self._resumed:
-            self._resumed = False
-            for policy, spares in self.spares.items():
-                spares.resumed(versions[policy], dropped[policy])
         extra = {policy: spares.groups(versions[policy], dropped[policy]) for policy, spares in self.spares.items()}
         return min(
             budget.capacity(versions[policy], dropped[policy] + extra.get(policy, 0))

@@ -32,7 +32,6 @@ def simulate(factor: float, drop_rate: float, versions: int, seed: int = 0, rest
         if restart_every and version % restart_every == restart_every - 1:
             state, spares = spares.state(), Spares(factor, BATCH)
             spares.restore(state)
-            spares.resumed(version, dropped)
         kept = before = 0
         while kept < BATCH:
             bound = (version + 1) * BATCH + dropped + spares.groups(version, dropped)
@@ -110,11 +109,9 @@ def test_tasks_record_the_spares_and_a_restart_at_the_same_version_continues_exa
 
         again = TaskFeeder(ctx, rows, seed=0)
         again.spares["main"].restore(state)
-        again._resumed = True
         assert again.capacity({"main": 1}, Counter(main=20)) == feeder.capacity({"main": 1}, Counter(main=20))
         later = TaskFeeder(ctx, rows, seed=0)
         later.spares["main"].restore(state)
-        later._resumed = True
         # the version moved on: the recorded 20 spares all count as surplus (at worst a few too many, never short)
         assert later.capacity({"main": 2}, Counter(main=20)) == 3 * tasks_per_batch + 20 + 20 + 20
     finally:
