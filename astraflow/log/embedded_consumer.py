@@ -14,8 +14,9 @@ that is still there.
 2. read up to ``max_records`` records (and about ``FETCH_MAX_BYTES``, at least one) from the
    assigned partitions that have records past the position, starting one partition further on
    every poll so that none starves;
-3. return them at once if there are any; otherwise sleep 5 ms (doubling up to 20 ms) and go back
-   to 1 until ``timeout`` is spent.
+3. return them at once if there are any; otherwise wait for a writer's ring on the topics it reads
+   (``embedded_doorbell``; the first time, register and read once more) or 5 ms (doubling up to
+   20 ms), whichever comes first, and go back to 1 until ``timeout`` is spent.
 
 ``commit``, step by step:
 
@@ -37,11 +38,15 @@ from pathlib import Path
 from astraflow.errors import LogError
 from astraflow.log import embedded_store as store
 from astraflow.log.base import Consumer, Message, OffsetReset, TopicPartition
+from astraflow.log.embedded_doorbell import Doorbell
 from astraflow.log.embedded_groups import GroupMember
 
 logger = logging.getLogger(__name__)
 
 FETCH_MAX_BYTES = 64 * 1024 * 1024
+POLL_WAIT_S = 0.005
+"""An idle ``poll``'s first wait for a ring before it reads the file again; doubling up to ``POLL_WAIT_MAX_S``."""
+POLL_WAIT_MAX_S = 0.02
 
 
 class EmbeddedConsumer(Consumer):
@@ -63,6 +68,8 @@ class EmbeddedConsumer(Consumer):
         self._positions: dict[TopicPartition, int] = {}
         self._turn = 0
         self._closed = False
+        self._bell = Doorbell(path)
+        self._bell_topics: set[str] = set()
 
     @property
     def group_id(self) -> str | None:
@@ -86,15 +93,21 @@ class EmbeddedConsumer(Consumer):
 
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
         deadline = time.monotonic() + timeout
-        delay = 0.005
+        delay = POLL_WAIT_S
         while True:
             self._sync_group()
             messages = self._fetch(max_records)
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
                 return messages
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.02)
+            topics = {tp.topic for tp in self._assigned}
+            if not topics <= self._bell_topics:
+                # records appended before the registration rang no one: read once more first
+                self._bell.register(topics)
+                self._bell_topics |= topics
+                continue
+            self._bell.wait(min(delay, remaining))
+            delay = min(delay * 2, POLL_WAIT_MAX_S)
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         group_id = self._require_group("commit")
@@ -162,6 +175,7 @@ class EmbeddedConsumer(Consumer):
         try:
             self._leave_group()
         finally:
+            self._bell.close()
             self._store.close()
 
     def _fetch(self, max_records: int) -> list[Message]:

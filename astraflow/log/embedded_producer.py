@@ -37,6 +37,7 @@ from typing import NamedTuple
 from astraflow.errors import DeliveryError, LogError, RecordTooLargeError, TopicNotFoundError
 from astraflow.log import embedded_store as store
 from astraflow.log.base import Producer
+from astraflow.log.embedded_doorbell import ring
 
 LINGER_RECORDS = 10_000
 LINGER_BYTES = 8 * 1024 * 1024
@@ -126,6 +127,7 @@ class EmbeddedProducer(Producer):
                 failures = self._store.write(lambda conn: self._appender.append(conn, batch), timeout, nbytes)
             except LogError as exc:
                 raise DeliveryError(f"{len(batch)} records not written to {self._store.path}: {exc}") from exc
+            ring(self._store.path, {record.topic for record in batch})
         if failures:
             error, cause = delivery_error(failures, len(batch))
             raise error from cause

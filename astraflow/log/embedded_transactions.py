@@ -34,6 +34,7 @@ from astraflow.errors import DeliveryError, FencedError, LogError, TransactionAb
 from astraflow.log import embedded_store as store
 from astraflow.log.base import Consumer, TopicPartition, TransactionalProducer
 from astraflow.log.embedded_consumer import EmbeddedConsumer
+from astraflow.log.embedded_doorbell import ring
 from astraflow.log.embedded_producer import Appender, Pending, delivery_error
 
 
@@ -89,6 +90,7 @@ class EmbeddedTransactionalProducer(TransactionalProducer):
             raise
         except LogError as exc:  # SQLite failed, or stayed locked past the timeout: all rolled back
             raise TransactionAbortedError(f"transaction of {self._id!r} not written: {exc}") from exc
+        ring(self._store.path, {record.topic for record in records})
 
     def abort(self, timeout: float = 30.0) -> None:
         self._open_records("abort")
