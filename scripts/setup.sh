@@ -15,6 +15,10 @@ else
     UV=(python3 -m uv)
 fi
 
-args=(sync --frozen --inexact)
+# --compile-bytecode: every component is a process of its own that imports torch and transformers; where
+# Python may not write bytecode itself (PYTHONDONTWRITEBYTECODE, a read-only venv) each one compiled ~13k
+# modules again at start-up (import of torch + transformers' Llama: 12.5 s -> 6.5 s measured). Once compiled,
+# re-running skips them (~1 s).
+args=(sync --frozen --inexact --compile-bytecode)
 for extra in "$@"; do args+=(--extra "$extra"); done
 "${UV[@]}" "${args[@]}"
