@@ -741,7 +741,7 @@ def main() -> None:
             "loadavg_start": load_start,
             "loadavg_end": os.getloadavg(),
         },
-        "compute_bound": {**bound, "reference_step_s": 0.29, "note": "77 ms sampling + 214 ms train step, 2 threads"},
+        "compute_bound": bound,
         "mismatches": [
             f"samples per optimizer step: AstraFlow {t.batch_samples} "
             "(train.batch_samples, groups with reward variance only), "
