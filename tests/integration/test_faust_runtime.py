@@ -220,24 +220,36 @@ def aborted_positions(run: Run) -> set[tuple[int, int]]:
     return set(run.read(topic, None, committed=False)) - set(run.read(topic, None))
 
 
-def kill_mid_transaction(run: Run, worker: subprocess.Popen, timeout: float) -> None:
-    """SIGKILL ``worker`` while its open transaction holds samples: frozen (SIGSTOP) when it seems
-    to, killed if it still does, else let go on to try again."""
-    topic = run.topics.samples("main")
+KILL_SLICE = 200
+"""Records fed at a time to a worker that is to be killed mid-transaction (``kill_mid_transaction``)."""
+
+
+def kill_mid_transaction(
+    run: Run, worker: subprocess.Popen, records: list[tuple[bytes | None, bytes]], timeout: float
+) -> None:
+    """SIGKILL ``worker`` while its open transaction holds samples. ``records`` go to it a slice at a
+    time, the next one once it committed past everything before, so it keeps opening transactions
+    however fast it ends them (it commits as soon as a batch is handled): freeze it (SIGSTOP), look,
+    kill it if a transaction is open, else let it go on and look again. The slices left at the kill
+    are produced after it."""
+    topic, source = run.topics.samples("main"), run.topics.trajectories("main")
     deadline = time.monotonic() + timeout
+    slices = [records[i : i + KILL_SLICE] for i in range(0, len(records), KILL_SLICE)]
+    run.produce(slices.pop(0))
     while True:
-        wait_for(
-            lambda: run.in_open_transaction(topic),
-            deadline - time.monotonic(),
-            "samples in an open transaction",
-            worker,
-        )
+        assert worker.poll() is None, f"the stream processor exited with {worker.returncode}"
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for samples in an open transaction"
         worker.send_signal(signal.SIGSTOP)
         if run.in_open_transaction(topic):
             worker.kill()
             worker.wait()
+            for rest in slices:
+                run.produce(rest)
             return
         worker.send_signal(signal.SIGCONT)
+        if run.committed() == run.log.end_offsets(source):  # it ended every transaction so far: feed it more
+            assert slices, "the worker handled every record without a transaction holding samples being caught"
+            run.produce(slices.pop(0))
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -316,8 +328,7 @@ def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Cal
     worker.kill()
     worker.wait()
 
-    run.produce(second)
-    kill_mid_transaction(run, run.stream("--runtime", "faust"), 90)
+    kill_mid_transaction(run, run.stream("--runtime", "faust"), second, 90)
     emitted_before_kill = len(run.read(run.topics.samples("main"), TrainSample))
     aborted = uncommitted(run)
     ends_at_kill = run.log.end_offsets(run.topics.samples("main"))
