@@ -60,7 +60,7 @@ def rank_pid(run_dir: Path, rank: int) -> int:
 
 
 BACKENDS = {
-    "ddp": {},
+    "ddp": {"checkpoint_every": 1},
     "zero3": {"backend": "deepspeed", "deepspeed": {"zero_stage": 3}, "checkpoint_every": 2},
 }
 """``train`` settings of each trainer tested; ZeRO-3 checkpoints every other version, so its restart
