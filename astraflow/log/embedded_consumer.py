@@ -69,7 +69,6 @@ class EmbeddedConsumer(Consumer):
         self._turn = 0
         self._closed = False
         self._bell = Doorbell(path)
-        self._bell_topics: set[str] = set()
 
     @property
     def group_id(self) -> str | None:
@@ -100,12 +99,8 @@ class EmbeddedConsumer(Consumer):
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
                 return messages
-            topics = {tp.topic for tp in self._assigned}
-            if not topics <= self._bell_topics:
-                # records appended before the registration rang no one: read once more first
-                self._bell.register(topics)
-                self._bell_topics |= topics
-                continue
+            if self._bell.register({tp.topic for tp in self._assigned}):
+                continue  # records appended before the registration rang no one: read once more first
             self._bell.wait(min(delay, remaining))
             delay = min(delay * 2, POLL_WAIT_MAX_S)
 

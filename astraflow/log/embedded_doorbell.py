@@ -32,6 +32,7 @@ import secrets
 import select
 import socket
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,14 +47,14 @@ def bells_dir(log_path: Path) -> Path:
     return log_path.with_name(log_path.name + ".bells")
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
 def _topic_dir(root: Path, topic: str) -> Path:
     """A topic's directory: its name where that is a plain file name (Kafka's legal names are), else a hash."""
     if _PLAIN.fullmatch(topic) and topic not in (".", ".."):
         return root / topic
     return root / ("~" + hashlib.sha256(topic.encode()).hexdigest()[:32])
-
-
-_PLAIN = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 class Doorbell:
@@ -66,19 +67,19 @@ class Doorbell:
         self._registered: dict[str, Path] = {}
         self._broken = not SUPPORTED
 
-    def register(self, topics: Iterable[str]) -> None:
-        """Register under every topic of ``topics`` not registered yet (opening the socket first)."""
-        if self._broken:
-            return
+    def register(self, topics: Iterable[str]) -> bool:
+        """Register under every topic of ``topics`` not registered yet (opening the socket first).
+        True if it registered one: records appended before that rang no one, so read once more."""
+        new = [topic for topic in topics if topic not in self._registered]
+        if self._broken or not new:
+            return False
         try:
             if self._socket is None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 sock.setblocking(False)
                 sock.bind("\0" + self._name)
                 self._socket = sock
-            for topic in topics:
-                if topic in self._registered:
-                    continue
+            for topic in new:
                 directory = _topic_dir(self._root, topic)
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 entry = directory / self._name
@@ -87,12 +88,12 @@ class Doorbell:
         except OSError as exc:  # no abstract namespace here, a read-only directory: poll on the timer
             logger.debug("embedded log doorbell off (%s): readers poll on their timer", exc)
             self._broken = True
+        return True
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a ring; True if one came. Drains every queued ring."""
         if self._socket is None:
-            if timeout > 0:
-                select.select([], [], [], timeout)
+            time.sleep(max(0.0, timeout))
             return False
         ready, _, _ = select.select([self._socket], [], [], max(0.0, timeout))
         if not ready:
