@@ -130,6 +130,12 @@ class EngineConfig(Section):
     )
     chat_template: bool = False
     """Encode each prompt as one user turn of the tokenizer's chat template, when the tokenizer has one."""
+    prefix_cache_mb: int = Field(default=256, ge=0, le=1 << 20)
+    (
+        "``torch``: MiB of keys and values kept from the rows of the last generation, so a multi-turn episode's next "
+        "turn prefills only the environment's answer, not its whole context again (vLLM caches prefixes itself); "
+        "0: off."
+    )
     vllm: VllmEngineOptions = VllmEngineOptions()
     openai: OpenAIEngineOptions = OpenAIEngineOptions()
     simulated: SimulatedEngineOptions = SimulatedEngineOptions()

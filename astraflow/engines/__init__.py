@@ -23,7 +23,9 @@ def _torch(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
     from astraflow.models.loading import load_policy
 
     model, tokenizer = load_policy(checkpoint, device=config.device, dtype=config.dtype)
-    return TorchEngine(model, tokenizer, seed=seed, chat_template=config.chat_template)
+    return TorchEngine(
+        model, tokenizer, seed=seed, chat_template=config.chat_template, prefix_cache_bytes=config.prefix_cache_mb << 20
+    )
 
 
 def _vllm(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:

@@ -4,8 +4,11 @@ A rollout producer holds one engine per policy, asks it for ``n`` responses per 
 new weight version between two calls (never during one), so every token of one ``generate`` call
 comes from ``engine.version``. Log-probs follow ``astraflow.models.sampling``: ``log_softmax(logits
 / T)`` of each sampled token, the distribution it was drawn from; the trainer scores tokens the same
-way. Runs on CPU or GPU (wherever the model lives). The contract it implements, and the other
-engines (``vllm``, ``openai``), are in ``astraflow.engines``.
+way. Runs on CPU or GPU (wherever the model lives). It holds the keys and values of the rows its last
+call ended with (``astraflow.models.sampling.PrefixCache``, up to ``prefix_cache_bytes``): a
+multi-turn episode's next turn prefills only the environment's answer, not its whole context
+again; loading new weights clears them. The contract it implements, and the other engines
+(``vllm``, ``openai``), are in ``astraflow.engines``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from astraflow.engines.base import Engine, Generation, TurnSample
-from astraflow.models.sampling import sample
+from astraflow.models.sampling import PREFIX_CACHE_BYTES, PrefixCache, sample
 
 __all__ = ["Generation", "TorchEngine"]
 
@@ -32,9 +35,11 @@ class TorchEngine(Engine):
         version: int = 0,
         seed: int | None = None,
         chat_template: bool = False,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ) -> None:
         super().__init__(tokenizer, version, chat_template)
         self.model = model.eval()
+        self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._generator = torch.Generator(device=model.device)
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -54,6 +59,7 @@ class TorchEngine(Engine):
             temperature=temperature,
             greedy=greedy,
             generator=self._generator,
+            prefix=self.prefix,
         )
         return [
             TurnSample(
@@ -68,3 +74,5 @@ class TorchEngine(Engine):
         """Swap in the weights of ``version`` (a full state dict); call between two ``generate`` calls."""
         self.model.load_state_dict(state)
         self.version = version
+        if self.prefix is not None:
+            self.prefix.clear()  # keys and values of the old weights

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from astraflow.engines.base import TurnSample
 from astraflow.envs.base import EnvFactory
 from astraflow.envs.episodes import AgentLimits, play
-from astraflow.models.sampling import sample
+from astraflow.models.sampling import PREFIX_CACHE_BYTES, PrefixCache, sample
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import exact_match_reward
 from astraflow.tasks.base import Problem
@@ -61,6 +61,7 @@ class _GreedyModel:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.prefix = PrefixCache(PREFIX_CACHE_BYTES)  # the weights stay as they are for its life
 
     def generate_ids(
         self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = True
@@ -72,6 +73,7 @@ class _GreedyModel:
             eos_id=self.tokenizer.eos_token_id,
             pad_id=self.tokenizer.pad_token_id,
             greedy=True,
+            prefix=self.prefix,
         )
         return [
             TurnSample(
