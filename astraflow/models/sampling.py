@@ -180,25 +180,36 @@ def sample(
 ) -> SampledBatch:
     """Sample ``n`` responses per prompt; row ``i * n + j`` of the result is sample ``j`` of prompt ``i``.
 
-    Each prompt is prefilled once and its KV cache repeated ``n`` times; rows that stopped are
-    dropped from the batch, so later steps only compute the rows still running. With ``prefix``, a
+    Each distinct prompt is prefilled once and its KV cache repeated for each of its rows; rows that
+    stopped are dropped from the batch, so later steps only compute the rows still running. With ``prefix``, a
     prompt that extends a sequence the last call ended with prefills only its new tokens, and this
     call's rows replace what ``prefix`` holds.
     """
     if not greedy and temperature <= 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
     device = model.device
-    out, attention, positions = _prefill(model, prompts, pad_id, prefix)
+    keys = [np.asarray(prompt, dtype=np.int32).tobytes() for prompt in prompts]
+    distinct: dict[bytes, int] = {}  # each distinct prompt's first row, in order
+    for row, key in enumerate(keys):
+        distinct.setdefault(key, row)
+    out, attention, positions = _prefill(model, [prompts[row] for row in distinct.values()], pad_id, prefix)
     rows = len(prompts) * n
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     active = torch.arange(rows, device=device)  # [A] result rows still running
     cache = out.past_key_values
-    cache.batch_repeat_interleave(n)
-    logits = out.logits[:, -1, :].float().repeat_interleave(n, dim=0)  # [A, V]
-    attention = attention.repeat_interleave(n, dim=0)  # [A, W + step]
-    positions = positions.repeat_interleave(n, dim=0)  # [A, 1]
+    logits = out.logits[:, -1, :].float()  # [distinct prompts, V]
+    if len(distinct) == len(prompts):
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)  # [A, V]
+        attention = attention.repeat_interleave(n, dim=0)  # [A, W + step]
+        positions = positions.repeat_interleave(n, dim=0)  # [A, 1]
+    else:  # a group's episodes start from the same prompt: prefilled once, its rows copied
+        order = {key: index for index, key in enumerate(distinct)}
+        source = torch.as_tensor([order[key] for key in keys], device=device).repeat_interleave(n)
+        cache.batch_select_indices(source)
+        logits, attention, positions = logits[source], attention[source], positions[source]
     ended: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # result row -> its held keys and values
     for step in range(max_new_tokens):
         if greedy:

@@ -135,3 +135,16 @@ def test_episodes_played_with_the_cache_are_the_episodes_played_without(model_an
     for a, b in zip(with_cache, without, strict=True):
         np.testing.assert_array_equal(a[0], b[0])  # the same tokens, sampled with the same generator
         np.testing.assert_allclose(a[1], b[1], atol=1e-5)
+
+
+def test_a_prompt_given_several_times_is_prefilled_once_and_sampled_as_if_alone(model_and_tokenizer) -> None:
+    model, tokenizer = model_and_tokenizer
+    prompts = [ids(tokenizer, text) for text in ("same start", "other", "same start", "same start")]
+    prefix = PrefixCache(1 << 30)
+    together = run(model, tokenizer, prompts, prefix, n=2)
+    assert prefix.prefilled == len(prompts[0]) + len(prompts[1])
+    for row, prompt in enumerate(prompts):
+        alone = run(model, tokenizer, [prompt], None, n=2)
+        for (tokens, logprobs), (alone_tokens, alone_logprobs) in zip(together[2 * row : 2 * row + 2], alone):
+            np.testing.assert_array_equal(tokens, alone_tokens)
+            np.testing.assert_allclose(logprobs, alone_logprobs, atol=1e-5)
