@@ -4,11 +4,12 @@ A rollout producer holds one engine per policy, asks it for ``n`` responses per 
 new weight version between two calls (never during one), so every token of one ``generate`` call
 comes from ``engine.version``. Log-probs follow ``astraflow.models.sampling``: ``log_softmax(logits
 / T)`` of each sampled token, the distribution it was drawn from; the trainer scores tokens the same
-way. Runs on CPU or GPU (wherever the model lives). It holds the keys and values of the rows its last
-call ended with (``astraflow.models.sampling.PrefixCache``, up to ``prefix_cache_bytes``): a
-multi-turn episode's next turn prefills only the environment's answer, not its whole context
-again; loading new weights clears them. The contract it implements, and the other engines
-(``vllm``, ``openai``), are in ``astraflow.engines``.
+way. Runs on CPU or GPU (wherever the model lives). For token contexts (``generate_ids``, the
+turns of multi-turn episodes) it holds the keys and values of the rows its last such call ended
+with (``astraflow.models.sampling.PrefixCache``, up to ``prefix_cache_bytes``), so an episode's
+next turn prefills only the environment's answer, not its whole context again; loading new
+weights clears them. The contract it implements, and the other engines (``vllm``, ``openai``), are
+in ``astraflow.engines``.
 """
 
 from __future__ import annotations
@@ -46,8 +47,26 @@ class TorchEngine(Engine):
         else:
             self._generator.seed()
 
+    def generate_ids(
+        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = False
+    ) -> list[TurnSample]:
+        """One continuation of each token context, in order, continuing the rows the last call ended
+        with where a context extends one (the next turn of a multi-turn episode)."""
+        return self._sample(contexts, 1, max_new_tokens, temperature, greedy, self.prefix)
+
     def sample(
         self, contexts: Sequence[np.ndarray], n: int, max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[TurnSample]:
+        return self._sample(contexts, n, max_new_tokens, temperature, greedy, None)  # single turns: nothing to keep
+
+    def _sample(
+        self,
+        contexts: Sequence[np.ndarray],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool,
+        prefix: PrefixCache | None,
     ) -> list[TurnSample]:
         batch = sample(
             self.model,
@@ -59,7 +78,7 @@ class TorchEngine(Engine):
             temperature=temperature,
             greedy=greedy,
             generator=self._generator,
-            prefix=self.prefix,
+            prefix=prefix,
         )
         return [
             TurnSample(

@@ -148,3 +148,11 @@ def test_a_prompt_given_several_times_is_prefilled_once_and_sampled_as_if_alone(
         for (tokens, logprobs), (alone_tokens, alone_logprobs) in zip(together[2 * row : 2 * row + 2], alone):
             np.testing.assert_array_equal(tokens, alone_tokens)
             np.testing.assert_allclose(logprobs, alone_logprobs, atol=1e-5)
+
+
+def test_single_turn_generations_keep_nothing(model_and_tokenizer) -> None:
+    model, tokenizer = model_and_tokenizer
+    engine = TorchEngine(model, tokenizer, seed=0)
+    (generations,) = engine.generate(["where is 7?"], n=4, max_new_tokens=6, temperature=1.0)
+    engine.generate_ids([np.concatenate([generations[0].prompt_ids, generations[0].response_ids])], 6, 1.0)
+    assert engine.prefix.reused == 0  # a single-turn answer is not continued: keeping its rows would be waste
