@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 
 @dataclass
@@ -143,6 +144,13 @@ def _prefill(model: PreTrainedModel, prompts: Sequence[np.ndarray], pad_id: int,
     return out, attention, positions[:, -1:]
 
 
+def _plain(cache) -> bool:
+    """Whether ``cache`` holds full keys and values per layer, which ``PrefixCache`` can keep (a model
+    with sliding-window or recurrent layers keeps other state: its rows are not held)."""
+    layers = getattr(cache, "layers", None)
+    return isinstance(cache, DynamicCache) and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
 def _take(cache, attention: torch.Tensor, rows: torch.Tensor) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """Per row of ``rows`` (indices into the running batch): its keys and values without padding."""
     taken = []
@@ -199,6 +207,7 @@ def sample(
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     active = torch.arange(rows, device=device)  # [A] result rows still running
     cache = out.past_key_values
+    holder = prefix if prefix is not None and _plain(cache) else None  # holds this call's rows at its end
     logits = out.logits[:, -1, :].float()  # [distinct prompts, V]
     if len(distinct) == len(prompts):
         cache.batch_repeat_interleave(n)
@@ -226,7 +235,7 @@ def sample(
             break
         if not keep.all():
             kept = keep.nonzero().squeeze(-1)
-            if prefix is not None:
+            if holder is not None:
                 stopped = (~keep).nonzero().squeeze(-1)
                 ended.update(zip(active[stopped].tolist(), _take(cache, attention, stopped)))
             cache.batch_select_indices(kept)
@@ -242,10 +251,10 @@ def sample(
         )
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
-    if prefix is not None:
+    if holder is not None:
         ended.update(zip(active.tolist(), _take(cache, attention, torch.arange(len(active), device=device))))
         sampled, counts = tokens.cpu().numpy(), lengths.cpu().numpy()
-        prefix.replace(
+        holder.replace(
             [
                 _Held(
                     np.concatenate([np.asarray(prompts[row // n], np.int32), sampled[row, : counts[row] - 1]]).astype(
