@@ -62,6 +62,7 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
     if cold:
         env["ASTRAFLOW_CACHE"] = str(work / f"cache-{name}")
     load_before = os.getloadavg()
+    ran_at = commit()  # before the run: a commit made while it runs is not what it ran
     started = time.perf_counter()
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
@@ -88,7 +89,7 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
 
     return {
         "example": name,
-        "commit": commit(),
+        "commit": ran_at,
         "result": quoted_result(summary),
         "config": raw,
         "total_seconds": time.perf_counter() - started,
