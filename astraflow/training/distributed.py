@@ -20,6 +20,7 @@ The process group is gloo on CPU and NCCL where a CUDA GPU is visible (``group_b
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -120,7 +121,19 @@ def init_group(ranks: Ranks) -> None:
         torch.cuda.set_device(rank_device(ranks))
     store = start_store(ranks)
     dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size, timeout=GROUP_TIMEOUT)
+    atexit.register(_leave_group)
     logger.info("rank %d of %d joined its %s process group", ranks.rank, ranks.world_size, backend)
+
+
+def _leave_group() -> None:
+    """Destroy the process group while the interpreter is still whole: left to the interpreter's
+    teardown, gloo's worker threads could still hold work with tensors whose release then needs the
+    GIL, and the rank aborted (``terminate called without an active exception``, SIGABRT) after it
+    had finished, which its launcher counts as a failure (pytorch#179291)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def start_store(ranks: Ranks) -> Any:
