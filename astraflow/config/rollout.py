@@ -172,6 +172,11 @@ class SandboxConfig(Section):
     )
     max_file_mb: int = Field(default=8, ge=1, le=4096)
     """Largest file, and size of the tmpfs ``/work`` and ``/tmp``, in MiB."""
+    max_output_bytes: int = Field(default=64 * 1024, ge=256, le=64 * 1024 * 1024)
+    (
+        "Bytes kept of a run's stdout and of its stderr (the rest is cut, and the result says so). Programs share a "
+        "sandbox as far as their reports fit in ``max_file_mb``, so a small cap puts more programs in one."
+    )
 
 
 class AgentConfig(Section):

@@ -14,7 +14,7 @@ an environment that cannot work (server down, sandbox broken, index missing) rai
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from astraflow.errors import AstraFlowError
@@ -37,6 +37,7 @@ class EpisodeEnv(ABC):
     """One episode of an environment or tool, driven by the text of the policy's turns."""
 
     role: str = "environment"  # Turn.role of the inserted spans ("tool" for tools)
+    batch_steps: bool = False  # True: the workflow gives this class's turns to ``step_many`` in chunks
 
     @abstractmethod
     def reset(self) -> str:
@@ -45,6 +46,13 @@ class EpisodeEnv(ABC):
     @abstractmethod
     def step(self, action: str) -> StepResult:
         """Answer one policy turn (its decoded text, end-of-turn token stripped)."""
+
+    @classmethod
+    def step_many(cls, envs: Sequence[EpisodeEnv], actions: Sequence[str]) -> list[StepResult]:
+        """``step`` of each of ``envs`` (this class's episodes) with its action, in order; a class whose
+        turns are cheaper together (one sandbox for several programs) sets ``batch_steps`` and overrides
+        this. An ``AstraFlowError`` fails the tasks of every episode given."""
+        return [env.step(action) for env, action in zip(envs, actions, strict=True)]
 
     @abstractmethod
     def reward(self) -> dict[str, float]:

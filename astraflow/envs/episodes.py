@@ -9,8 +9,9 @@ of its loop is:
    ids (prompt + every earlier turn, exactly as stored) until the end-of-turn token (eos) or the
    turn's budget. The sampled ids, their behaviour log-probs and the engine's weight version are
    appended as they came out of the sampler, loss mask 1.
-2. **Environment turn**, episodes in parallel on a small thread pool: the turn's ids are decoded
-   only so the environment can read them; its answer is tokenised *on its own* and appended with
+2. **Environment turn**, episodes in parallel on a small thread pool (an environment class with
+   ``batch_steps`` takes its episodes in one chunk per worker, ``EpisodeEnv.step_many``): the
+   turn's ids are decoded only so the environment can read them; its answer is tokenised *on its own* and appended with
    loss mask 0, log-prob 0 and the version of the turn it answers. The transcript is never
    decoded and re-tokenised as a whole, the bug class of TRL #5224: what the trainer scores is
    exactly what the sampler produced and conditioned on.
@@ -222,20 +223,48 @@ def _environment_turn(
     failed: dict[int, AstraFlowError],
 ) -> None:
     actions = [engine.tokenizer.decode(e.transcript.last_policy_ids(), skip_special_tokens=True) for e in acting]
-    futures = [pool.submit(_step, e, action) for e, action in zip(acting, actions)]
-    for episode, future in zip(acting, futures):
+    chunks = _chunks(acting, actions, limits.tool_workers)
+    futures = [pool.submit(_steps, episodes, chunk_actions) for episodes, chunk_actions in chunks]
+    for (episodes, _), future in zip(chunks, futures):
         try:
-            episode.observe(future.result(), engine.tokenizer, limits)
+            results = future.result()
         except AstraFlowError as exc:
-            failed.setdefault(episode.task_pos, exc)
+            for episode in episodes:
+                failed.setdefault(episode.task_pos, exc)
+            continue
+        for episode, result in zip(episodes, results, strict=True):
+            episode.observe(result, engine.tokenizer, limits)
 
 
-def _step(episode: Episode, action: str) -> StepResult:
+def _chunks(acting: list[Episode], actions: list[str], workers: int) -> list[tuple[list[Episode], list[str]]]:
+    """The turns each pool task takes: one per episode, or, for an environment class with ``batch_steps``,
+    its episodes in ``workers`` contiguous chunks (a group's episodes mostly in one)."""
+    chunks: list[tuple[list[Episode], list[str]]] = []
+    batched: dict[type, list[int]] = {}
+    for i, episode in enumerate(acting):
+        if type(episode.env).batch_steps:
+            batched.setdefault(type(episode.env), []).append(i)
+        else:
+            chunks.append(([episode], [actions[i]]))
+    for positions in batched.values():
+        size = -(-len(positions) // workers)
+        for first in range(0, len(positions), size):
+            chunk = positions[first : first + size]
+            chunks.append(([acting[i] for i in chunk], [actions[i] for i in chunk]))
+    return chunks
+
+
+def _steps(episodes: list[Episode], actions: list[str]) -> list[StepResult]:
+    """The environment turns of ``episodes``, each charged its share of the time they took together."""
     started = time.perf_counter()
     try:
-        return episode.env.step(action)
+        if len(episodes) == 1:
+            return [episodes[0].env.step(actions[0])]
+        return type(episodes[0].env).step_many([e.env for e in episodes], actions)
     finally:
-        episode.tool_seconds += time.perf_counter() - started
+        share = (time.perf_counter() - started) / len(episodes)
+        for episode in episodes:
+            episode.tool_seconds += share
 
 
 def _score(episode: Episode, task: RolloutTask) -> dict[str, float]:
@@ -269,7 +298,7 @@ def demonstrate(
             episode.policy_turns += 1
             if position == len(actions) - 1:
                 break
-            episode.observe(_step(episode, action), tokenizer, limits)
+            episode.observe(_steps([episode], [action])[0], tokenizer, limits)
             if episode.finish_reason is not None:
                 break
     finally:

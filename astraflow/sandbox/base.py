@@ -125,43 +125,74 @@ class Sandbox(ABC):
         return self.run([self.python, "-I", "main.py"], {"main.py": source}, stdin)
 
     def run_python_tests(self, source: str, stdins: Sequence[str | bytes]) -> list[RunResult]:
-        """``run_python(source, stdin)`` for each of ``stdins``, in order, in as few sandboxes as fit.
+        """``run_python(source, stdin)`` for each of ``stdins``, in order, in as few sandboxes as fit."""
+        return self.run_python_programs([(source, stdins)])[0]
 
-        Each test keeps its own process and its own wall, CPU, memory, output and process limits
-        (``tests_driver.py`` says how); the sandbox and the interpreter start once per batch. A
-        batch holds as many tests as the driver's report fits under RLIMIT_FSIZE (every test of
-        the code task), and its sandbox gets ``wall_seconds`` per test plus one more for start-up.
+    def run_python_programs(self, programs: Sequence[tuple[str, Sequence[str | bytes]]]) -> list[list[RunResult]]:
+        """``run_python_tests`` of each (source, stdins) of ``programs``, in as few sandboxes as fit.
+
+        Each test keeps its own process and its own wall, CPU, memory, output and process limits,
+        and each program finds the sandbox as the first one did (``tests_driver.py`` says how); the
+        sandbox and the interpreter start once per batch. A batch holds as many tests as the driver's
+        report fits under RLIMIT_FSIZE, and its sandbox gets ``wall_seconds`` per test plus one more
+        for start-up. Where a program leaves the driver dead or the sandbox unclean, the programs
+        after it run again in a fresh sandbox, so what one program does never reaches another's result.
         """
         cap = self.limits.max_output_bytes
         report_bytes = 2 * 4 * -(-cap // 3) + REPORT_BYTES_PER_TEST  # two base64 outputs
-        per_run = max(1, self.limits.max_file_mb * 1024 * 1024 // report_bytes)
-        results: list[RunResult] = []
-        for first in range(0, len(stdins), per_run):
-            batch = stdins[first : first + per_run]
-            limits = replace(
-                self.limits,
-                wall_seconds=(len(batch) + 1) * self.limits.wall_seconds,
-                max_processes=self.limits.max_processes + 1,  # the driver is one of the sandbox's processes
-                max_output_bytes=len(batch) * report_bytes,
-            )
-            config = {
-                "tests": len(batch),
-                "wall_seconds": self.limits.wall_seconds,
-                "max_output_bytes": cap,
-                "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024,
-            }
-            files = {"main.py": source, "tests_driver.py": TESTS_DRIVER.read_text()} | {
-                f"stdin-{i}": stdin for i, stdin in enumerate(batch)
-            }
-            run = self._run(
-                [self.python, "-I", "tests_driver.py", json.dumps(config)],
-                files,
-                b"",
-                limits,
-                expect=("ready", "driver-ready"),
-            )
-            results += _parse_report(run, len(batch), cap)
+        budget = self.limits.max_file_mb * 1024 * 1024
+        per_part = max(1, (budget - REPORT_BYTES_PER_TEST) // report_bytes)
+        # a program with more tests than one report fits is split into parts, each run as a program
+        parts = [
+            (index, source, list(stdins[first : first + per_part]))
+            for index, (source, stdins) in enumerate(programs)
+            for first in range(0, len(stdins), per_part)
+        ]
+        results: list[list[RunResult]] = [[] for _ in programs]
+        while parts:
+            batch, size = [], 0
+            for part in parts:
+                cost = len(part[2]) * report_bytes + REPORT_BYTES_PER_TEST
+                if batch and size + cost > budget:
+                    break
+                batch.append(part)
+                size += cost
+            reported = self._run_batch([(source, stdins) for _, source, stdins in batch], size, cap)
+            for (index, _, _), part_results in zip(batch, reported, strict=False):
+                results[index] += part_results
+            parts = parts[max(1, len(reported)) :]
         return results
+
+    def _run_batch(
+        self, programs: list[tuple[str, list[str | bytes]]], report_size: int, cap: int
+    ) -> list[list[RunResult]]:
+        """One sandbox of the tests driver over ``programs``: the results of the first programs, up to
+        the one that left the sandbox unclean, or up to and failing the one it has no results of."""
+        tests = sum(len(stdins) for _, stdins in programs)
+        limits = replace(
+            self.limits,
+            wall_seconds=(tests + 1) * self.limits.wall_seconds,
+            max_processes=self.limits.max_processes + 1,  # the driver is one of the sandbox's processes
+            max_output_bytes=report_size,
+        )
+        config = {
+            "wall_seconds": self.limits.wall_seconds,
+            "max_output_bytes": cap,
+            "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024,
+        }
+        if not tests:
+            return [[] for _ in programs]
+        batch = {
+            "programs": [{"source": _b64(source), "stdins": [_b64(s) for s in stdins]} for source, stdins in programs]
+        }
+        run = self._run(
+            [self.python, "-I", "-c", TESTS_DRIVER.read_text(), json.dumps(config)],
+            {},
+            json.dumps(batch),
+            limits,
+            expect=("ready", "driver-ready"),
+        )
+        return _parse_report(run, [len(stdins) for _, stdins in programs], cap)
 
     def _run(
         self,
@@ -253,27 +284,39 @@ class Sandbox(ABC):
         return [self.python, "-I", "-S", "-c", LAUNCHER.read_text(), json.dumps(spec)]
 
 
-def _parse_report(run: RunResult, tests: int, cap: int) -> list[RunResult]:
-    """The tests driver's results; when its report is missing or invalid, every test failed."""
-    try:
-        entries = json.loads(run.stdout)["results"]
-        results = [
-            RunResult(
-                int(e["exit_code"]),
-                _decode(e["stdout"], cap),
-                _decode(e["stderr"], cap),
-                bool(e["timed_out"]),
-                float(e["wall_ms"]),
-                bool(e["truncated"]),
-            )
-            for e in entries
-        ]
-    except (ValueError, KeyError, TypeError):
-        results = []
-    if len(results) == tests and not run.truncated:
-        return results
+def _parse_report(run: RunResult, tests: list[int], cap: int) -> list[list[RunResult]]:
+    """The tests driver's results, one line per program: those of the programs it reported on in
+    order, up to the first unclean one; then, where it stopped short of that (killed, garbled,
+    out of time), the next program with every test failed. The caller runs the rest again."""
+    reported: list[list[RunResult]] = []
+    for line in run.stdout.splitlines() if not run.truncated else []:
+        try:
+            entry = json.loads(line)
+            results = [
+                RunResult(
+                    int(e["exit_code"]),
+                    _decode(e["stdout"], cap),
+                    _decode(e["stderr"], cap),
+                    bool(e["timed_out"]),
+                    float(e["wall_ms"]),
+                    bool(e["truncated"]),
+                )
+                for e in entry["results"]
+            ]
+        except (ValueError, KeyError, TypeError):
+            break
+        if entry.get("program") != len(reported) or len(results) != tests[len(reported)]:
+            break
+        reported.append(results)
+        if entry.get("clean") is not True or len(reported) == len(tests):
+            return reported
     why = f"the tests driver reported no results ({run.describe()}): {run.stderr.strip()[-300:]}"
-    return [RunResult(run.exit_code or 1, "", why, run.timed_out, run.wall_ms, run.truncated) for _ in range(tests)]
+    failed = RunResult(run.exit_code or 1, "", why, run.timed_out, run.wall_ms, run.truncated)
+    return [*reported, [failed for _ in range(tests[len(reported)])]]
+
+
+def _b64(data: str | bytes) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
 
 
 def _decode(data: str, cap: int) -> str:

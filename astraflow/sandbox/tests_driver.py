@@ -1,27 +1,36 @@
-"""The tests driver: runs *inside* the sandbox and runs one program once per test input.
+"""The tests driver: runs *inside* the sandbox and runs each of its programs once per test input.
 
-Starting the sandbox and the interpreter was most of the cost of a run, so a program's tests share
-one sandbox, and each test still gets a fresh process. Executed by the launcher as
-``python3 -I tests_driver.py <config json> <status fd>`` in ``/work``, beside ``main.py`` and the
-inputs ``stdin-0``, ``stdin-1``, ...; like the launcher it imports nothing from AstraFlow. Steps:
+Starting the sandbox and the interpreter was most of the cost of a run, so programs share one
+sandbox, one after the other, and each test still gets a fresh process. Executed by the launcher
+as ``python3 -I -c <this file> <config json> <status fd>`` in an empty ``/work``, with the
+programs and their inputs on stdin (``{"programs": [{"source": ..., "stdins": [...]}]}``, base64),
+so no program can see another's; like the launcher it imports nothing from AstraFlow. Steps:
 
 1. Make this process non-dumpable (a program cannot open ``/proc/<driver>/fd/*``, read its memory
    or ptrace it, so it cannot forge the report) and a child subreaper (whatever a test leaves
-   running is re-parented here, where it can be found); write ``driver-ready`` to the status fd
-   and close it. A run without that line never ran a program: the host raises ``SandboxError``.
-2. For each input in order, fork. The child takes the input file as fd 0 and two pipes as fds 1
-   and 2, closes every other fd, and runs ``main.py`` as ``__main__`` in the interpreter it
-   inherited (no second start-up), then exits as ``python3 -I main.py`` would: a traceback and
-   status 1 for an uncaught error, ``SystemExit``'s code, non-daemon threads joined, ``atexit``
-   run, std streams flushed (status 120 if that fails).
+   running is re-parented here, where it can be found); read the programs and inputs from stdin
+   and close it; write ``driver-ready`` to the status fd and close it. A run without that line
+   never ran a program: the host raises ``SandboxError``.
+2. For each program in order, write it to ``/work/main.py``, and for each of its inputs in order,
+   fork. The child takes the input as fd 0 (a read-only, sealed-off copy in memory: a regular file,
+   as a file on disk is) and two pipes as fds 1 and 2, closes every other fd, and runs ``main.py``
+   as ``__main__`` in the interpreter it inherited (no second start-up), then exits as
+   ``python3 -I main.py`` would: a traceback and status 1 for an uncaught error, ``SystemExit``'s
+   code, non-daemon threads joined, ``atexit`` run, std streams flushed (status 120 if that fails).
 3. The driver reads both pipes until the child exits or ``wall_seconds`` pass (then SIGKILL:
    timed out) and keeps ``max_output_bytes`` of each (``truncated`` beyond). A stream past
    ``max_stream_bytes`` is closed, so further writes to it fail, as RLIMIT_FSIZE made them fail
    when output went to a file. Then it kills and reaps every process the test left, so each test
    starts alone.
-4. Write ``{"results": [...]}`` (outputs in base64) to stdout. A program can kill the driver or
-   break its own tests, never pass one: expected outputs are not in the sandbox, and a report that
-   is missing or not valid JSON fails every test on the host.
+4. After a program's last test, remove whatever it wrote (everything under ``/work``, ``/tmp``
+   and ``/dev/shm``) and its System V IPC objects, so the next program starts in the sandbox the
+   first one found; write ``{"program": p, "results": [...], "clean":
+   ...}`` (outputs in base64) as one line to stdout. Where something could not be removed, the
+   line says ``"clean": false`` and the driver stops: the host runs the remaining programs in a
+   fresh sandbox. A program can kill the driver or break its own tests, never pass one, nor touch
+   another program's: expected outputs are not in the sandbox, a program whose line is missing or
+   not valid JSON fails every test on the host, and the host runs the programs after it again in a
+   fresh sandbox.
 """
 
 import atexit
@@ -36,7 +45,10 @@ import time
 import types
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
-PROGRAM = "/work/main.py"
+WORK, PROGRAM = "/work", "/work/main.py"
+SCRATCH = ("/tmp", "/dev/shm")
+IPC_RMID = 0
+IPC_KINDS = (("shm", "shmctl"), ("msg", "msgctl"), ("sem", "semctl"))
 CHUNK = 65536
 
 
@@ -47,9 +59,9 @@ def prctl(option, value):
         raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
 
 
-def run_program(source, stdin_path, stdout, stderr):
-    """In the forked child: become ``python3 -I main.py`` reading ``stdin_path``; never returns."""
-    os.dup2(os.open(stdin_path, os.O_RDONLY), 0)
+def run_program(source, stdin, stdout, stderr):
+    """In the forked child: become ``python3 -I main.py`` reading fd ``stdin``; never returns."""
+    os.dup2(stdin, 0)
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
@@ -126,17 +138,28 @@ def kill_descendants():
             os.waitpid(pid, 0)
 
 
-def run_test(source, stdin_path, config):
+def input_file(data):
+    """A read-only fd of a regular file in memory holding ``data``, positioned at its start."""
+    fd = os.memfd_create("stdin")
+    os.write(fd, data)
+    reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    os.close(fd)
+    return reader
+
+
+def run_test(source, data, config):
     """Step 2 and 3 for one input: the child's status, outputs, and whether it timed out."""
+    stdin = input_file(data)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            run_program(source, stdin_path, out_w, err_w)
+            run_program(source, stdin, out_w, err_w)
         finally:
             os._exit(1)  # whatever escaped the program's exit must not run the driver's code
+    os.close(stdin)
     os.close(out_w)
     os.close(err_w)
     pidfd = os.pidfd_open(pid)
@@ -184,6 +207,47 @@ def run_test(source, stdin_path, config):
     }
 
 
+def remove_tree(path):
+    """Remove ``path`` and everything under it, whatever modes a program gave them; False if it stays."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            for name in os.listdir(path):
+                remove_tree(os.path.join(path, name))
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def remove_ipc():
+    """Remove the System V shared memory, queues and semaphores of this IPC namespace; False if one stays."""
+    libc, clean = ctypes.CDLL(None, use_errno=True), True
+    for kind, call in IPC_KINDS:
+        try:
+            with open(f"/proc/sysvipc/{kind}") as table:
+                ids = [int(line.split()[1]) for line in table.readlines()[1:] if line.strip()]
+        except OSError:
+            continue  # no System V IPC here: nothing to remove
+        for ipc_id in ids:
+            clean &= getattr(libc, call)(ipc_id, *((0,) if kind == "sem" else ()), IPC_RMID, None) == 0
+    return clean
+
+
+def clean_up():
+    """Step 4: remove what the last program wrote; False where something stays."""
+    clean = remove_ipc()
+    for root in (WORK, *SCRATCH):
+        if os.path.isdir(root):
+            for name in os.listdir(root):
+                clean &= remove_tree(os.path.join(root, name))
+    return clean
+
+
 def main():
     config, status = json.loads(sys.argv[1]), int(sys.argv[2])
     if sys.version_info < (3, 9):
@@ -191,12 +255,23 @@ def main():
     os.close(os.pidfd_open(os.getpid()))  # the kernel has pidfds (Linux 5.3)
     prctl(PR_SET_DUMPABLE, 0)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    with open("main.py", "rb") as program:
-        source = program.read()
+    with os.fdopen(0, "rb") as stdin:
+        batch = json.loads(stdin.read())
+    programs = [
+        (base64.b64decode(p["source"]), [base64.b64decode(data) for data in p["stdins"]]) for p in batch["programs"]
+    ]
     os.write(status, b"driver-ready\n")
     os.close(status)
-    results = [run_test(source, f"stdin-{i}", config) for i in range(config["tests"])]
-    sys.stdout.write(json.dumps({"results": results}))
+    for p, (source, stdins) in enumerate(programs):
+        with open(PROGRAM, "wb") as program:
+            program.write(source)
+        os.chmod(PROGRAM, 0o444)
+        results = [run_test(source, data, config) for data in stdins]
+        clean = clean_up()
+        sys.stdout.write(json.dumps({"program": p, "results": results, "clean": clean}) + "\n")
+        sys.stdout.flush()
+        if not clean:
+            return
 
 
 if __name__ == "__main__":

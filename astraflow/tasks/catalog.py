@@ -52,6 +52,7 @@ def _code_envs(agent: AgentConfig, data_dir: Path | None) -> EnvFactory:
         memory_mb=box.memory_mb,
         max_processes=box.max_processes,
         max_file_mb=box.max_file_mb,
+        max_output_bytes=box.max_output_bytes,
     )
     sandbox = open_sandbox(box.backend, limits, python=box.python)
     return lambda task, episode: CodeEnv(task, sandbox)

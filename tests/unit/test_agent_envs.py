@@ -138,6 +138,35 @@ def test_code_env_scores_tests_passed(sandbox) -> None:
     assert env.reward() == {"reward": 1.0, "tests_passed": 1.0, "attempts": 3.0, "program_failures": 5.0}
 
 
+def test_code_env_judges_several_turns_in_one_sandbox_as_one_at_a_time(sandbox, monkeypatch) -> None:
+    """``step_many`` gives each episode what ``step`` gives it, runs every distinct program once, all
+    in one sandbox (a group's samples often write the same program)."""
+    tasks = [code_task(i) for i in range(3)]
+    actions = [
+        (0, tasks[0][1]),
+        (0, "print(0)"),
+        (1, tasks[1][1]),
+        (0, tasks[0][1]),  # the same program for the same tests: run once
+        (2, "raise SystemExit(3)"),
+        (1, tasks[0][1]),  # the same program for other tests: run again
+    ]
+    alone = []
+    for i, action in actions:
+        env = CodeEnv(tasks[i][0], sandbox)
+        alone.append((env.step(action), env.reward()))
+    runs = []
+    original = type(sandbox).run_python_programs
+    monkeypatch.setattr(
+        type(sandbox),
+        "run_python_programs",
+        lambda self, programs: runs.append(len(programs)) or original(self, programs),
+    )
+    envs = [CodeEnv(tasks[i][0], sandbox) for i, _ in actions]
+    together = CodeEnv.step_many(envs, [action for _, action in actions])
+    assert [(step, env.reward()) for step, env in zip(together, envs)] == alone
+    assert runs == [5]
+
+
 def test_code_env_sandbox_failure_is_an_error_not_a_zero(sandbox) -> None:
     task, solution = code_task()
     broken = type(sandbox)(sandbox.limits, python="/nonexistent/python3")

@@ -137,6 +137,44 @@ def test_a_broken_environment_fails_its_task_only_and_every_env_is_closed() -> N
     assert len(envs) == 4 and all(env.closed for env in envs)
 
 
+class BatchedEchoEnv(EchoEnv):
+    """EchoEnv whose turns the workflow hands over in chunks; records each chunk's size."""
+
+    batch_steps = True
+    chunks: list[int] = []
+
+    @classmethod
+    def step_many(cls, envs, actions):
+        cls.chunks.append(len(envs))
+        return super().step_many(envs, actions)
+
+
+def test_an_environment_with_batch_steps_gets_its_turns_in_one_chunk_per_worker() -> None:
+    tasks = [task("start\n", group_size=3, name=f"t{i}") for i in range(3)]
+    limits = AgentLimits(max_turns=5, tool_workers=2)
+    script = lambda context: "act" if context.count("ok") < 2 else "stop"  # noqa: E731
+    alone, _ = run(lambda t, i: EchoEnv(done_after=2 + (i == 0)), script, limits, tasks)
+    BatchedEchoEnv.chunks = []
+    together, _ = run(lambda t, i: BatchedEchoEnv(done_after=2 + (i == 0)), script, limits, tasks)
+    assert BatchedEchoEnv.chunks == [5, 4, 5, 4, 2]  # 9 episodes in 2 chunks, twice; then 2 + 1 (a plain step)
+    assert [[t.response_text for t in o.trajectories] for o in together] == [
+        [t.response_text for t in o.trajectories] for o in alone
+    ]
+    assert all(
+        t.reward_components["steps"] == 2 + (t.trajectory_id.endswith("/0")) for o in together for t in o.trajectories
+    )
+
+
+def test_a_chunk_whose_environment_breaks_fails_the_tasks_of_its_episodes() -> None:
+    def make_env(t: RolloutTask, i: int) -> BatchedEchoEnv:
+        return BatchedEchoEnv(done_after=2, fail_on="fine" if t.prompt_id == "bad" else None)
+
+    script = lambda context: "fine"  # noqa: E731
+    tasks = [task("s\n", name=name) for name in ("bad", "good", "fine", "also fine")]
+    outcomes, _ = run(make_env, script, AgentLimits(tool_workers=2), tasks)
+    assert [o.error is None for o in outcomes] == [False, False, True, True]  # "good" shared the chunk of "bad"
+
+
 @pytest.mark.parametrize("reward", [float("nan"), float("inf")])
 def test_a_non_finite_reward_fails_the_task(reward: float) -> None:
     [outcome], _ = run(lambda t, i: EchoEnv(done_after=1, reward=reward), lambda c: "a", AgentLimits(), [task("s\n")])

@@ -13,6 +13,8 @@ and the report of what is enforced.
 A program's tests run batched in one sandbox (``run_python_tests``) give what one run each gives;
 a program that misbehaves on one input fails that test alone, and one that attacks the tests
 driver (kills it, tries its fds, memory or ptrace) fails its own tests and forges nothing.
+Several programs in one sandbox (``run_python_programs``) give what a sandbox each gives: what a
+program leaves (files, System V IPC, a changed input, a dead driver) never reaches the next one.
 """
 
 from __future__ import annotations
@@ -344,6 +346,87 @@ def test_batched_escape_attempts_are_contained(sandbox: Sandbox) -> None:
     results = sandbox.run_python_tests(program, list(attempts))
     assert [r.stdout for r in results] == ["OSError\n", "FileNotFoundError\n", "OSError\n", "MemoryError\n"]
     assert not Path("/usr/escape").exists()
+
+
+LEAVER = (
+    "import ctypes, os\n"
+    "for path in ('/tmp/left', '/work/left', '/dev/shm/left'):\n"
+    "    try:\n"
+    "        open(path, 'w').write('x')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "if not os.path.exists('/tmp/locked'):\n"
+    "    os.makedirs('/tmp/locked/deep')\n"
+    "    os.chmod('/tmp/locked', 0)\n"
+    "libc = ctypes.CDLL(None)\n"
+    "libc.shmget(0x5EED, 4096, 0o1666)\n"  # IPC_CREAT | 0666
+    "libc.msgget(0x5EED, 0o1666)\n"
+    "print(input())\n"
+)
+LOOKER = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None)\n"
+    "print(sorted(os.listdir('/tmp')), sorted(os.listdir('/work')), "
+    "os.path.isdir('/dev/shm') and sorted(os.listdir('/dev/shm')), "
+    "libc.shmget(0x5EED, 4096, 0o666), libc.msgget(0x5EED, 0o666), input())\n"
+)
+
+
+def test_programs_in_one_sandbox_give_what_a_sandbox_each_gives(sandbox: Sandbox) -> None:
+    programs = [
+        ("print(int(input()) * 3 + 1)", BATCH_INPUTS),
+        (LEAVER, BATCH_INPUTS),
+        (LOOKER, ["a", "b"]),
+        ("import sys\nsys.exit(int(input()) or 'bye')", BATCH_INPUTS),
+        ("print(input())", []),
+        (LOOKER, ["c"]),
+    ]
+    together = sandbox.run_python_programs(programs)
+    alone = [[sandbox.run_python(source, stdin) for stdin in stdins] for source, stdins in programs]
+    assert [[_fields(r) for r in results] for results in together] == [
+        [_fields(r) for r in results] for results in alone
+    ]
+    looked = together[2][0].stdout
+    assert looked.startswith("[] ['main.py'] ") and looked.endswith(" -1 -1 a\n"), looked  # nothing left over
+    assert sandbox.run_python_programs([]) == []
+
+
+def _counting_runs(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list:
+    runs = []
+    monkeypatch.setattr(
+        type(sandbox), "_run", lambda self, *args, **kwargs: runs.append(args) or Sandbox._run(self, *args, **kwargs)
+    )
+    return runs
+
+
+SIBLINGS = [("print(input())", ["0"]), None, ("print(input())", ["2"]), ("print(input())", ["3"])]
+
+
+@pytest.mark.parametrize("attack", ["SIGKILL", "SIGTERM"])
+def test_a_program_that_kills_the_driver_fails_only_its_own_tests(
+    sandbox: Sandbox, attack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its report is lost with the driver; the programs after it run again in a fresh sandbox."""
+    runs = _counting_runs(sandbox, monkeypatch)
+    attacker = (f"import os, signal\nprint(input())\nos.kill(os.getppid(), signal.{attack})", BATCH_INPUTS)
+    before, killed, *after = sandbox.run_python_programs([attacker if p is None else p for p in SIBLINGS])
+    assert [r.stdout for results in (before, *after) for r in results] == ["0\n", "2\n", "3\n"]
+    assert not any(r.ok for r in killed) and "reported no results" in killed[0].stderr
+    assert len(runs) == 2
+
+
+def test_programs_after_one_the_driver_cannot_clean_up_after_run_in_a_fresh_sandbox(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver stops after the report of a program whose leftovers it could not remove (here: a
+    driver that never can), and the host runs the rest again, each in a sandbox of its own."""
+    driver = tmp_path / "tests_driver.py"
+    driver.write_text(base.TESTS_DRIVER.read_text().replace("clean = clean_up()", "clean = not clean_up()"))
+    monkeypatch.setattr(base, "TESTS_DRIVER", driver)
+    runs = _counting_runs(sandbox, monkeypatch)
+    results = sandbox.run_python_programs([("print(input())", BATCH_INPUTS) if p is None else p for p in SIBLINGS])
+    assert [[r.stdout for r in program] for program in results] == [["0\n"], BATCH_INPUTS, ["2\n"], ["3\n"]]
+    assert len(runs) == 4
 
 
 def test_tests_are_split_over_runs_when_the_report_would_not_fit(

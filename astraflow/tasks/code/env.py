@@ -8,18 +8,26 @@ again, within the workflow's turn limit. Reward = the fraction of tests the *las
 
 A program that crashes, hangs or exceeds a limit fails that test. A sandbox that cannot run it
 raises ``SandboxError`` out of ``step``: the task fails, it is never scored 0.
+
+The turns of several episodes are judged together (``step_many``): their programs run one after
+another in one sandbox (``Sandbox.run_python_programs``; each still finds the sandbox as the first
+did), and a program that several episodes wrote for the same tests runs once, since a group's
+samples often agree. Starting a sandbox (~60 ms here) cost 6x the five tests of a program.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
-from astraflow.sandbox import Sandbox
+from astraflow.sandbox import RunResult, Sandbox
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.code.programs import parse_reference
 
 
 class CodeEnv(EpisodeEnv):
     role = "tool"
+    batch_steps = True
 
     def __init__(self, task: RolloutTask, sandbox: Sandbox) -> None:
         try:
@@ -38,9 +46,25 @@ class CodeEnv(EpisodeEnv):
         return self.task.prompt
 
     def step(self, action: str) -> StepResult:
+        return self._judge(self.sandbox.run_python_tests(action, self.inputs()))
+
+    @classmethod
+    def step_many(cls, envs: Sequence[CodeEnv], actions: Sequence[str]) -> list[StepResult]:
+        runs: dict[tuple[int, str, tuple[str, ...]], list[RunResult]] = {}
+        for env, action in zip(envs, actions, strict=True):
+            runs.setdefault((id(env.sandbox), action, env.inputs()), [])
+        for sandbox in {env.sandbox for env in envs}:
+            keys = [key for key in runs if key[0] == id(sandbox)]
+            for key, results in zip(keys, sandbox.run_python_programs([(key[1], key[2]) for key in keys]), strict=True):
+                runs[key] = results
+        return [env._judge(runs[id(env.sandbox), action, env.inputs()]) for env, action in zip(envs, actions)]
+
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(test.input for test in self.tests)
+
+    def _judge(self, results: Sequence[RunResult]) -> StepResult:
         self.attempts += 1
         self.passed, first_failure = 0, None
-        results = self.sandbox.run_python_tests(action, [test.input for test in self.tests])
         for test, result in zip(self.tests, results):
             if result.ok and result.stdout.strip() == test.output.strip():
                 self.passed += 1
