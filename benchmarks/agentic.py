@@ -19,8 +19,10 @@ and pass@k the verifier's choice recovers.
 Sandbox throughput: ``--sandbox-runs`` executions of a one-line program (read n, print 3n+1) in
 each backend that works here, one at a time and from ``--workers`` threads, the way the code
 environment's ``tool_workers`` run tests; executions/s and the median wall time of one run. And
-tests/s of one program's 5 tests run one sandbox each (as the code environment used to) against
-all 5 in one sandbox (``run_python_tests``, as it does now), side by side.
+tests/s of one program's 5 tests run one sandbox each (as the code environment once did), all 5 in
+one sandbox (``run_python_tests``), and 16 programs' tests in one sandbox (``run_python_programs``,
+as the code environment runs a chunk of a generation's programs now, with the code example's 4 KiB
+output cap), side by side.
 
 The machine is whatever it is (2 shared cores in this project): the load average at the start and
 end of each part is recorded. Writes ``benchmarks/results/agentic.json`` and ``agentic.png``.
@@ -189,31 +191,38 @@ def sandbox_throughput(runs: int, workers: int) -> list[dict]:
                 "median_ms": 1000 * statistics.median(latencies),
                 "runs": runs,
             }
-        entry["tests_batched_vs_one_run_each"] = tests_throughput(box, rounds=max(1, runs // 5))
+        small = backend(SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_mb=256, max_output_bytes=4096))
+        entry["tests_batched_vs_one_run_each"] = tests_throughput(box, small, rounds=max(16, runs // 5 // 16 * 16))
         entry["loadavg_after"] = os.getloadavg()
         results.append(entry)
     return results
 
 
-def tests_throughput(box, rounds: int, tests: int = 5) -> dict:
-    """Tests/s of ``rounds`` programs with ``tests`` inputs each: one sandbox run per test, then one per program."""
+def tests_throughput(box, small, rounds: int, tests: int = 5, together: int = 16) -> dict:
+    """Tests/s of ``rounds`` programs with ``tests`` inputs each: one sandbox run per test, one per program,
+    and one per ``together`` programs (in ``small``, the box with the code example's output cap)."""
     program, stdins = "n=int(input())\nprint(n*3+1)\n", [f"{i}\n" for i in range(tests)]
     expected = [f"{3 * i + 1}\n" for i in range(tests)]
     ways = {
-        "one_run_each": lambda: [box.run_python(program, stdin) for stdin in stdins],
-        "batched": lambda: box.run_python_tests(program, stdins),
+        "one_run_each": lambda: [[box.run_python(program, stdin) for stdin in stdins]],
+        "batched": lambda: [box.run_python_tests(program, stdins)],
+        "programs_together": lambda: small.run_python_programs([(program, stdins)] * together),
     }
-    entry = {"tests_per_program": tests, "programs": rounds}
+    entry = {"tests_per_program": tests, "programs": rounds, "programs_per_sandbox_together": together}
     for way, run in ways.items():
         started = time.perf_counter()
-        for _ in range(rounds):
-            results = run()
-            if [r.stdout for r in results] != expected:
-                raise RuntimeError(
-                    f"{box.name} {way}: wrong outputs {[r.stdout for r in results]} ({[r.describe() for r in results]})"
-                )
-        entry[f"{way}_tests_per_s"] = rounds * tests / (time.perf_counter() - started)
+        done = 0
+        while done < rounds:
+            for results in run():
+                done += 1
+                if [r.stdout for r in results] != expected:
+                    raise RuntimeError(
+                        f"{box.name} {way}: wrong outputs {[r.stdout for r in results]} "
+                        f"({[r.describe() for r in results]})"
+                    )
+        entry[f"{way}_tests_per_s"] = done * tests / (time.perf_counter() - started)
     entry["speedup"] = entry["batched_tests_per_s"] / entry["one_run_each_tests_per_s"]
+    entry["together_speedup"] = entry["programs_together_tests_per_s"] / entry["one_run_each_tests_per_s"]
     return entry
 
 
@@ -316,7 +325,10 @@ def main() -> None:
             t = entry["tests_batched_vs_one_run_each"]
             print(
                 f"sandbox {entry['backend']}: {t['one_run_each_tests_per_s']:.1f} tests/s one run each, "
-                f"{t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x)"
+                f"{t['batched_tests_per_s']:.1f} batched ({t['speedup']:.1f}x), "
+                f"{t.get('programs_together_tests_per_s', float('nan')):.1f} with "
+                f"{t.get('programs_per_sandbox_together')} programs a sandbox "
+                f"({t.get('together_speedup', float('nan')):.1f}x)"
             )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
