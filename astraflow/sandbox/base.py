@@ -174,8 +174,11 @@ class Sandbox(ABC):
             wall_seconds=(tests + 1) * self.limits.wall_seconds,
             max_processes=self.limits.max_processes + 1,  # the driver is one of the sandbox's processes
             max_output_bytes=report_size,
+            # the driver's own CPU grows with the batch (~0.5 ms a test here); each test sets its own limit
+            cpu_seconds=self.limits.cpu_seconds + -(-tests // 100),
         )
         config = {
+            "cpu_seconds": self.limits.cpu_seconds,
             "wall_seconds": self.limits.wall_seconds,
             "max_output_bytes": cap,
             "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024,

@@ -12,9 +12,10 @@ so no program can see another's; like the launcher it imports nothing from Astra
    and close it; write ``driver-ready`` to the status fd and close it. A run without that line
    never ran a program: the host raises ``SandboxError``.
 2. For each program in order, write it to ``/work/main.py``, and for each of its inputs in order,
-   fork. The child takes the input as fd 0 (a read-only, sealed-off copy in memory: a regular file,
-   as a file on disk is) and two pipes as fds 1 and 2, closes every other fd, and runs ``main.py``
-   as ``__main__`` in the interpreter it inherited (no second start-up), then exits as
+   fork. The child sets its own RLIMIT_CPU (the driver's is sized for the whole batch), takes the
+   input as fd 0 (a read-only, sealed-off copy in memory: a regular file, as a file on disk is) and
+   two pipes as fds 1 and 2, closes every other fd, and runs ``main.py`` as ``__main__`` in the
+   interpreter it inherited (no second start-up), then exits as
    ``python3 -I main.py`` would: a traceback and status 1 for an uncaught error, ``SystemExit``'s
    code, non-daemon threads joined, ``atexit`` run, std streams flushed (status 120 if that fails).
 3. The driver reads both pipes until the child exits or ``wall_seconds`` pass (then SIGKILL:
@@ -38,6 +39,7 @@ import base64
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import sys
@@ -59,8 +61,9 @@ def prctl(option, value):
         raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
 
 
-def run_program(source, stdin, stdout, stderr):
+def run_program(source, stdin, stdout, stderr, cpu_seconds):
     """In the forked child: become ``python3 -I main.py`` reading fd ``stdin``; never returns."""
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))  # the driver's own is the batch's
     os.dup2(stdin, 0)
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)
@@ -156,7 +159,7 @@ def run_test(source, data, config):
     pid = os.fork()
     if pid == 0:
         try:
-            run_program(source, stdin, out_w, err_w)
+            run_program(source, stdin, out_w, err_w, config["cpu_seconds"])
         finally:
             os._exit(1)  # whatever escaped the program's exit must not run the driver's code
     os.close(stdin)

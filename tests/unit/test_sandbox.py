@@ -372,6 +372,11 @@ LOOKER = (
 )
 
 
+RLIMITS = (
+    "import resource as r\nprint([r.getrlimit(getattr(r, f'RLIMIT_{n}')) for n in ('CPU', 'AS', 'FSIZE', 'NOFILE')])"
+)
+
+
 def test_programs_in_one_sandbox_give_what_a_sandbox_each_gives(sandbox: Sandbox) -> None:
     programs = [
         ("print(int(input()) * 3 + 1)", BATCH_INPUTS),
@@ -380,6 +385,7 @@ def test_programs_in_one_sandbox_give_what_a_sandbox_each_gives(sandbox: Sandbox
         ("import sys\nsys.exit(int(input()) or 'bye')", BATCH_INPUTS),
         ("print(input())", []),
         (LOOKER, ["c"]),
+        (RLIMITS, ["d"]),  # RLIMIT_NPROC aside: the driver is one of the sandbox's processes, so it gets one more
     ]
     together = sandbox.run_python_programs(programs)
     alone = [[sandbox.run_python(source, stdin) for stdin in stdins] for source, stdins in programs]
