@@ -12,7 +12,8 @@ raises ``SandboxError`` out of ``step``: the task fails, it is never scored 0.
 The turns of several episodes are judged together (``step_many``): their programs run one after
 another in one sandbox (``Sandbox.run_python_programs``; each still finds the sandbox as the first
 did), and a program that several episodes wrote for the same tests runs once, since a group's
-samples often agree (a program whose output is random gets that one run's outcome for every copy). Starting a sandbox (~60 ms here) cost 6x the five tests of a program.
+samples often agree (a program whose output is random gets that one run's outcome for every
+copy). Starting a sandbox (~60 ms here) cost 6x the five tests of a program.
 """
 
 from __future__ import annotations
