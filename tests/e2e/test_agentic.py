@@ -1,12 +1,9 @@
 """Agentic workloads end to end (issue #10).
 
-The search and code examples run as ``astraflow run`` (every component its own process, records on
-the embedded log). Search: warmed up on demonstrations that mostly guess, the policy learns to call
-the search tool and copy what it finds. Code: warmed up to 0.17 of the held-out tests, the policy
-learns from the tests its programs pass in the sandbox. Each stops on versions and asserts that the
-mean of the evaluator's last two greedy held-out scores rose above the base by a margin; with the
-trainer's learning rate at 0 the weights never change, so the gain is 0 and both fail. The code and
-rooms examples are played, trained and evaluated in one process with the
+The search example runs as ``astraflow run`` (every component its own process, records on the
+embedded log): warmed up on demonstrations that mostly guess, the policy learns to call the search
+tool and copy what it finds, and the evaluator's greedy held-out success rises above the base by a
+margin. The code and rooms examples are played, trained and evaluated in one process with the
 same pieces the components use (warm-up on demonstrations, the workflow with its sandbox or game,
 the stream pipeline, a trainer step, greedy evaluation), which checks them end to end at a
 fraction of the cost of more process trees.
@@ -91,29 +88,6 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
         assert (trajectory.loss_mask[tool.start : tool.end] == 0).all() and (
             trajectory.loss_mask[: tool.start] == 1
         ).all()
-
-
-def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    # bounded by versions, never by the score it asserts; measured on a quiet machine (two runs of the
-    # example): 0.17 at the base (a cold warm-up, ~45 s), 0.28 / 0.33 at version 15 and 0.31 / 0.31 at 20
-    # (~2 minutes of training), ~0.39-0.43 from version 50 on
-    config = example_config(
-        "code", tmp_path / "code.yaml", run="agentic-code", stop={"max_versions": 20, "max_minutes": 30}
-    )
-    result = subprocess.run(
-        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
-    # the mean of the evaluations at 15 and 20 (64 programs of 5 tests each) against the base's 0.17:
-    # measured +0.125 and +0.15
-    assert summary["versions"] >= 20 and max(accuracy) >= 20, summary
-    assert gain_over_base(accuracy) >= 0.07, summary
 
 
 @pytest.mark.parametrize("example", ["code", "rooms"])
