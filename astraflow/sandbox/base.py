@@ -169,6 +169,8 @@ class Sandbox(ABC):
         """One sandbox of the tests driver over ``programs``: the results of the first programs, up to
         the one that left the sandbox unclean, or up to and failing the one it has no results of."""
         tests = sum(len(stdins) for _, stdins in programs)
+        if not tests:
+            return [[] for _ in programs]
         limits = replace(
             self.limits,
             wall_seconds=(tests + 1) * self.limits.wall_seconds,
@@ -183,8 +185,6 @@ class Sandbox(ABC):
             "max_output_bytes": cap,
             "max_stream_bytes": self.limits.max_file_mb * 1024 * 1024,
         }
-        if not tests:
-            return [[] for _ in programs]
         batch = {
             "programs": [{"source": _b64(source), "stdins": [_b64(s) for s in stdins]} for source, stdins in programs]
         }

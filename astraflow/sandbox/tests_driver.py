@@ -13,7 +13,7 @@ so no program can see another's; like the launcher it imports nothing from Astra
    never ran a program: the host raises ``SandboxError``.
 2. For each program in order, write it to ``/work/main.py``, and for each of its inputs in order,
    fork. The child sets its own RLIMIT_CPU (the driver's is sized for the whole batch), takes the
-   input as fd 0 (a read-only, sealed-off copy in memory: a regular file, as a file on disk is) and
+   input as fd 0 (a read-only fd of a fresh copy in memory: a regular file, as one on disk is) and
    two pipes as fds 1 and 2, closes every other fd, and runs ``main.py`` as ``__main__`` in the
    interpreter it inherited (no second start-up), then exits as
    ``python3 -I main.py`` would: a traceback and status 1 for an uncaught error, ``SystemExit``'s

@@ -51,14 +51,13 @@ class CodeEnv(EpisodeEnv):
 
     @classmethod
     def step_many(cls, envs: Sequence[CodeEnv], actions: Sequence[str]) -> list[StepResult]:
-        runs: dict[tuple[int, str, tuple[str, ...]], list[RunResult]] = {}
+        programs: dict[Sandbox, dict[tuple[str, tuple[str, ...]], list[RunResult]]] = {}
         for env, action in zip(envs, actions, strict=True):
-            runs.setdefault((id(env.sandbox), action, env.inputs()), [])
-        for sandbox in {env.sandbox for env in envs}:
-            keys = [key for key in runs if key[0] == id(sandbox)]
-            for key, results in zip(keys, sandbox.run_python_programs([(key[1], key[2]) for key in keys]), strict=True):
-                runs[key] = results
-        return [env._judge(runs[id(env.sandbox), action, env.inputs()]) for env, action in zip(envs, actions)]
+            programs.setdefault(env.sandbox, {})[action, env.inputs()] = []
+        for sandbox, runs in programs.items():
+            keys = list(runs)
+            runs.update(zip(keys, sandbox.run_python_programs(keys), strict=True))
+        return [env._judge(programs[env.sandbox][action, env.inputs()]) for env, action in zip(envs, actions)]
 
     def inputs(self) -> tuple[str, ...]:
         return tuple(test.input for test in self.tests)
