@@ -30,9 +30,12 @@ version published before it started (``WeightFollower.wait_caught_up``; it waits
 takes, or until it is stopped) and only then joins the task group, so its first generation
 already uses the current version. A stop signal ends the loop after the current iteration: the
 batch in hand is finished and committed (step 4), then the consumer leaves the group and its
-partitions move to the remaining producers at their next poll. A transaction refused because of a
-rebalance hands the partition's tasks back: the new owner redoes them, and nothing of the first
-attempt is visible.
+partitions move to the remaining producers at their next poll. One exception: a batch still
+waiting for the weights its tasks were released at (lockstep) is not run but left uncommitted, so
+the partitions' next owner runs it; run with older weights its samples would be stale, dropped
+by the stream, and (lockstep replaces no stale group) the trainer would wait for them for ever.
+A transaction refused because of a rebalance hands the partition's tasks back: the new owner
+redoes them, and nothing of the first attempt is visible.
 
 Every trajectory records the producer id, its region and its hardware (``--region``,
 ``--hardware``); the per-batch metrics carry the same labels, plus the cumulative counters
@@ -125,8 +128,13 @@ class RolloutProducer:
                     self._refresh(policy, follower)
                 batch = batches.poll(cfg.rollout.prompts_per_generation, timeout=0.5)
                 tasks = self._runnable(batch)
+                if tasks and not self._await_versions([task for task, _ in tasks], followers, stop):
+                    # stopped before the engines held the versions the tasks wait for: samples of an
+                    # older version would be stale, and lockstep replaces no stale group, so the
+                    # tasks stay uncommitted for the partition's next owner to run
+                    logger.info("stopped while waiting for weights; %d tasks handed back", len(batch.messages))
+                    break
                 if tasks:
-                    self._await_versions([task for task, _ in tasks], followers, stop)
                     self._produce(tasks, followers)
                 if batch.messages:
                     batches.commit(batch)
@@ -160,14 +168,17 @@ class RolloutProducer:
 
     def _await_versions(
         self, tasks: list[RolloutTask], followers: dict[str, WeightFollower], stop: threading.Event
-    ) -> None:
+    ) -> bool:
         """``mode: lockstep``: generate with at least the versions the feeder released the tasks at
-        (``version.<policy>`` in their metadata), so no sample is born stale."""
+        (``version.<policy>`` in their metadata), so no sample is born stale. ``False`` if stopped first."""
         for policy, follower in followers.items():
             needed = max((int(t.metadata.get(f"version.{policy}", -1)) for t in tasks), default=-1)
-            while self.engines[policy].version < needed and not stop.is_set():
+            while self.engines[policy].version < needed:
+                if stop.is_set():
+                    return False
                 follower.wait_for(needed, timeout=0.5)
                 self._refresh(policy, follower)
+        return True
 
     def _catch_up(self, followers: dict[str, WeightFollower], stop: threading.Event) -> bool:
         """Take in every version published before this producer started; ``False`` if stopped first."""

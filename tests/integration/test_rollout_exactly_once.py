@@ -29,10 +29,9 @@ RAW = {"rollout": {"group_size": 2, "prompts_per_generation": 2}}
 class ScriptedEngine:
     """Answers every prompt with "2"; ``hold`` (if given) is waited on in the first generation."""
 
-    version = 0
-
-    def __init__(self, hold: threading.Event | None = None) -> None:
+    def __init__(self, hold: threading.Event | None = None, version: int = 0) -> None:
         self.hold = hold
+        self.version = version
         self.generating = threading.Event()
 
     def generate(self, prompts: list[str], n: int, max_new_tokens: int, temperature: float) -> list[list[Generation]]:
@@ -61,7 +60,7 @@ class NoWeights:
         return None
 
     def wait_for(self, version: int, timeout: float) -> bool:
-        return True
+        return version <= self.latest_version
 
     def wait_caught_up(self, timeout: float) -> bool:
         return True
@@ -77,9 +76,11 @@ def producer(ctx, monkeypatch: pytest.MonkeyPatch, region: str, engine: Scripted
     return RolloutProducer(ctx, region=region)
 
 
-def submit_tasks(ctx, ids: list[str], partition: int | None = None) -> list[str]:
+def submit_tasks(ctx, ids: list[str], partition: int | None = None, version: int | None = None) -> list[str]:
+    """Tasks of ``ids``; with ``version``, released at that version of main, as a lockstep feeder releases them."""
+    metadata = {} if version is None else {"version.main": str(version)}
     for task_id in ids:
-        task = RolloutTask(task_id, task_id[:-2], task_id, "math", "1+1=", "2", 2, 0, 0)
+        task = RolloutTask(task_id, task_id[:-2], task_id, "math", "1+1=", "2", 2, 0, 0, metadata)
         ctx.producer.send(ctx.topics.tasks(), ctx.codec.encode(task), key=task_id.encode(), partition=partition)
     ctx.producer.flush()
     return ids
@@ -156,6 +157,41 @@ def test_a_zombie_producer_commits_nothing_once_a_newer_one_owns_its_partition(
         ctx.close()
     assert sorted(t.trajectory_id for t in seen) == sorted(f"{task}/{i}" for task in ids + later for i in range(2))
     assert {t.region for t in seen if t.task_id in ids} == {"newer"}
+
+
+def test_a_producer_stopped_while_waiting_for_weights_hands_its_tasks_back(
+    log_target: dict[str, str], backend: str, tmp_path: Path, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # lockstep: the tasks were released at version 1, which this producer has not taken in when it is
+    # stopped. Run at version 0 their samples would be stale and dropped, and lockstep replaces no stale
+    # group (the trainer would wait for them for ever): they stay uncommitted for the next owner instead
+    ctx = context(log_target, tmp_path, "rollout", {**RAW, "run": f"rwait{unique}"})
+    try:
+        ids = submit_tasks(ctx, [f"p{i}@0" for i in range(TASKS)], version=1)
+        waiting = threading.Event()
+
+        class Behind(NoWeights):
+            def wait_for(self, version: int, timeout: float) -> bool:
+                if version > self.latest_version:  # not the catch-up's wait for version 0
+                    waiting.set()
+                return super().wait_for(version, timeout)
+
+        monkeypatch.setattr(rollout, "base_checkpoint_path", lambda config, run_dir: run_dir)
+        monkeypatch.setattr(rollout, "build_engine", lambda config, checkpoint: ScriptedEngine())
+        behind, stop = RolloutProducer(ctx, region="behind"), threading.Event()
+        monkeypatch.setattr(rollout, "follow_weights", lambda ctx, policy, payload: Behind())
+        with running(lambda: behind.run(stop)) as raised:
+            wait_for(waiting.is_set, "the producer waiting for version 1")
+            stop.set()
+        assert raised == []
+        assert committed(ctx, f"{ctx.config.run}.rollout.math", ctx.topics.tasks()) == {}
+        assert trajectories(ctx) == []
+        run_until_every_task_is_committed(ctx, producer(ctx, monkeypatch, "next", ScriptedEngine(version=1)))
+        seen = trajectories(ctx)
+    finally:
+        ctx.close()
+    assert sorted(t.trajectory_id for t in seen) == sorted(f"{task}/{i}" for task in ids for i in range(2))
+    assert {t.region for t in seen} == {"next"} and {int(t.token_versions.min()) for t in seen} == {1}
 
 
 class ShortSessions:
