@@ -134,7 +134,9 @@ def test_processes_are_capped(sandbox: Sandbox) -> None:
 @pytest.mark.parametrize(
     ("name", "program", "timed_out"),
     [
-        ("fork bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", True),
+        # it runs into the wall limit, or a limit kills its first process sooner (the memory cgroup's OOM
+        # killer, seen under a loaded CI run): either way it fails, in time, and leaves nothing behind
+        ("fork bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", None),
         ("sleeping children", "import os, time\nfor _ in range(2):\n    os.fork()\ntime.sleep(60)", True),
         (
             "orphans left behind",
@@ -144,11 +146,14 @@ def test_processes_are_capped(sandbox: Sandbox) -> None:
     ],
 )
 def test_runaway_processes_are_killed_with_the_sandbox(
-    sandbox: Sandbox, name: str, program: str, timed_out: bool
+    sandbox: Sandbox, name: str, program: str, timed_out: bool | None
 ) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     result = sandbox.run([sandbox.python, "-I", "main.py", marker], {"main.py": program})
-    assert result.timed_out == timed_out and ("timed out" in result.describe()) == timed_out
+    if timed_out is None:
+        assert result.timed_out or result.exit_code != 0, result
+    else:
+        assert result.timed_out == timed_out and ("timed out" in result.describe()) == timed_out
     assert result.wall_ms < LIMITS.wall_seconds * 1000 + 2000
     deadline = time.monotonic() + 5.0  # the pid namespace is torn down asynchronously
     while processes_with(marker) and time.monotonic() < deadline:
