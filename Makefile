@@ -12,7 +12,8 @@ demo:
 # (each with its own broker): many of them wait on a broker or a subprocess. The end-to-end runs
 # follow, two at a time too: many wait on restarts, brokers and slow links, every learning test
 # stops on versions rather than time (sharing the cores makes it slower, not weaker), and the
-# recorded math run they share is made once (tests/e2e/conftest.py, made_once). The two longest
+# recorded math run they share is made once (tests/e2e/conftest.py, made_once). Learning runs marked
+# `solo` run last, one at a time: sharing the cores doubled their minutes. The two longest
 # (marked `long`: the Kafka fault run, three policies side by side; also a ZeRO-3 trainer's killed
 # rank and the 2 -> 1 -> 2 resume of ZeRO-3 ranks, solver + verifier and
 # learning from a whole replayed run, not reliable yet) are left out to keep the
@@ -27,4 +28,5 @@ test:
 	.venv/bin/ruff format --check astraflow tests benchmarks
 	.venv/bin/lint-imports
 	.venv/bin/python -m pytest -q --durations=15 -n 2 -m "not long" tests/unit tests/integration
-	.venv/bin/python -m pytest -q --durations=15 -n 2 -m "not long" tests/e2e tests/gpu
+	.venv/bin/python -m pytest -q --durations=15 -n 2 -m "not long and not solo" tests/e2e tests/gpu
+	.venv/bin/python -m pytest -q --durations=5 -m "solo and not long" tests/e2e
