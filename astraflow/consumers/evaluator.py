@@ -9,7 +9,10 @@ It follows the weights topic like a rollout producer does (its own follower, no 
 attach to a run at any time. When training outruns evaluation, the newest version wins: versions
 in between are skipped, never queued, and ``eval.every_versions`` thins the evaluations further.
 The base checkpoint is evaluated as version 0 at start, whatever the topic holds: it is the
-baseline of the run's ``summary.json``.
+baseline of the run's ``summary.json``. It is scored rounded to ``weights.transfer_dtype``, as every
+later version comes off the weights topic, so a gain over it is training's and not rounding's: in
+bf16 the code example's base scored 0.181 unrounded and 0.178 rounded, and a run at learning rate 0
+showed a "gain" of -0.003.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
 from astraflow.tasks.catalog import is_multi_turn, open_environments
 from astraflow.tasks.datasets import load_policy_split
 from astraflow.weights.follow import follow_weights
+from astraflow.weights.payload import to_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +92,7 @@ class Evaluator:
         return accuracy
 
     def run(self, stop: threading.Event) -> None:
-        self.evaluate(0, self.model.state_dict())
+        self.evaluate(0, to_transfer(self.model.state_dict(), self.ctx.config.weights.transfer_dtype))
         follower = follow_weights(self.ctx, self.policy, payload=True)
         try:
             while not stop.is_set():

@@ -39,10 +39,15 @@ class ScriptedFollower:
         pass
 
 
-def scored_versions(versions: list[int], every: int, final: bool, monkeypatch: pytest.MonkeyPatch) -> dict[int, float]:
+def scored_versions(
+    versions: list[int], every: int, final: bool, monkeypatch: pytest.MonkeyPatch, base: float = 0.0, transfer="bf16"
+) -> dict[int, float]:
     scores: dict[int, float] = {}
     ctx = SimpleNamespace(
-        config=SimpleNamespace(eval=SimpleNamespace(every_versions=every, final=final)),
+        config=SimpleNamespace(
+            eval=SimpleNamespace(every_versions=every, final=final),
+            weights=SimpleNamespace(transfer_dtype=transfer),
+        ),
         metric=lambda name, value, step, **labels: scores.__setitem__(step, value) if name == EVAL_ACCURACY else None,
         producer=SimpleNamespace(flush=lambda: None),
     )
@@ -50,7 +55,7 @@ def scored_versions(versions: list[int], every: int, final: bool, monkeypatch: p
     evaluator.ctx, evaluator.policy, evaluator.last_evaluated, evaluator.unscored = ctx, "main", -1, None
     evaluator.model = torch.nn.Linear(1, 1)
     with torch.no_grad():
-        evaluator.model.weight.fill_(0.0)
+        evaluator.model.weight.fill_(base)
     evaluator.score = lambda: evaluator.model.weight.item()  # "accuracy" = the version whose weights are loaded
     stop = threading.Event()
     follower = ScriptedFollower(versions, stop)
@@ -67,3 +72,11 @@ def test_the_version_a_run_ends_on_is_scored_even_when_not_due(monkeypatch: pyte
 def test_no_final_evaluation_when_the_last_version_was_scored_or_final_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert scored_versions([1, 2, 3, 4, 5], every=5, final=True, monkeypatch=monkeypatch) == {0: 0.0, 5: 5.0}
     assert scored_versions([1, 2, 3, 4, 5, 6, 7], every=5, final=False, monkeypatch=monkeypatch) == {0: 0.0, 5: 5.0}
+
+
+def test_the_base_is_scored_as_the_weights_topic_would_carry_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1 + 2**-10 is not a bf16 number (8 bits of mantissa): rounded, it is 1.0, as every later version
+    # reaches the evaluator through the weights topic; a gain over an unrounded base would be partly rounding
+    base = 1.0 + 2.0**-10
+    assert scored_versions([1], every=1, final=True, monkeypatch=monkeypatch, base=base)[0] == 1.0
+    assert scored_versions([1], every=1, final=True, monkeypatch=monkeypatch, base=base, transfer="fp32")[0] == base
