@@ -97,16 +97,17 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
 def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # bounded by versions, never by the score it asserts, and run alone (marked solo: make test runs
-    # it after the tests that share the cores; ~3 minutes with its cold warm-up of ~85 s). Measured on
-    # this machine, five runs of the example evaluated every 2 versions: base 0.18, the first evaluation
-    # above it at version 2-8, and the mean of those at 8 and 12 +0.06, +0.07, +0.07, +0.09, +0.09 (at
-    # 14 and 16 +0.07 to +0.15)
+    # it after the tests that share the cores; ~3.5 minutes with its cold warm-up of ~85 s). Held-out
+    # scores move by up to ~0.05 from one evaluation to the next while it learns, so it runs 16 versions:
+    # measured here, the mean of the evaluations at 12 and 16 was +0.07, +0.09, +0.10, +0.12, +0.13 over
+    # the base (0.18) in five runs of the example evaluated every 2 versions; at 8 and 12 it was +0.03
+    # to +0.10, too close to any margin to assert
     config = example_config(
         "code",
         tmp_path / "code.yaml",
         run="agentic-code",
         eval={"every_versions": 4},
-        stop={"max_versions": 12, "max_minutes": 30},
+        stop={"max_versions": 16, "max_minutes": 30},
     )
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
@@ -117,10 +118,10 @@ def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
-    # greedy held-out tests passed (64 programs of 5 tests each), the mean of the evaluations at 8 and
-    # 12 against the base; with train.lr 0 the weights never change, every evaluation is the base's, and
+    # greedy held-out tests passed (64 programs of 5 tests each), the mean of the evaluations at 12 and
+    # 16 against the base; with train.lr 0 the weights never change, every evaluation is the base's, and
     # the gain is exactly 0
-    assert summary["versions"] >= 12 and max(accuracy) >= 12, summary
+    assert summary["versions"] >= 16 and max(accuracy) >= 16, summary
     assert gain_over_base(accuracy) >= 0.04, summary
 
 
