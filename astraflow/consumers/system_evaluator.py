@@ -5,7 +5,8 @@ group, like the per-policy evaluator) and scores each new version pair with
 ``astraflow.evaluation.judged`` on the held-out split: ``eval.system.alone``,
 ``eval.system.judged``, ``eval.system.majority`` (a vote over the same candidates, no judge),
 ``eval.system.pass_at_k`` and ``eval.system.judge_accuracy``, labelled
-with ``versions`` (``name=version,name=version``). The base pair is scored first. A pair is
+with ``versions`` (``name=version,name=version``). The base pair is scored first, rounded to each
+policy's ``weights.transfer_dtype`` as the evaluator rounds its base (``evaluator.py``). A pair is
 scored again once either policy moved ``eval.every_versions`` past the last scored pair; versions
 in between are skipped, never queued.
 """
@@ -21,6 +22,7 @@ from astraflow.metric_names import eval_system
 from astraflow.models.base import base_checkpoint_path
 from astraflow.tasks.datasets import load_task_split
 from astraflow.weights.follow import follow_weights
+from astraflow.weights.payload import to_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,9 @@ class SystemEvaluator:
         self.models = {
             c.policy: load_policy(base_checkpoint_path(c, ctx.run_dir))[0] for c in (self.answer, self.judge)
         }
+        for c in (self.answer, self.judge):  # the base pair as the weights topics would carry it, like every later pair
+            model = self.models[c.policy]
+            model.load_state_dict(to_transfer(model.state_dict(), c.weights.transfer_dtype))
         self.tokenizer = load_policy(base_checkpoint_path(self.answer, ctx.run_dir))[1]
         self.heldout = load_task_split(cfg.task, ctx.run_dir, "heldout")
         self.versions = {policy: 0 for policy in self.models}

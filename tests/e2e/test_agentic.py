@@ -101,8 +101,8 @@ def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> Non
     # it after the tests that share the cores; ~3.5 minutes with its cold warm-up of ~85 s). Held-out
     # scores move by up to ~0.05 from one evaluation to the next while it learns, so it runs 16 versions:
     # measured here, the mean of the evaluations at 12 and 16 was +0.07, +0.09, +0.10, +0.12, +0.13 over
-    # the base (0.18) in five runs of the example evaluated every 2 versions; at 8 and 12 it was +0.03
-    # to +0.10, too close to any margin to assert
+    # the base (0.18) in five runs of the example evaluated every 2 versions; at 8 and 12 it was +0.06
+    # to +0.09 there, and +0.03 in a CI run: too close to any margin to assert
     config = example_config(
         "code",
         tmp_path / "code.yaml",
@@ -121,7 +121,7 @@ def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> Non
     accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
     # greedy held-out tests passed (64 programs of 5 tests each), the mean of the evaluations at 12 and
     # 16 against the base; with train.lr 0 the weights never change, every evaluation is the base's, and
-    # the gain is exactly 0
+    # the gain is 0 (measured -0.003 while the evaluator scored its base unrounded, 9729754)
     assert summary["versions"] >= 16 and max(accuracy) >= 16, summary
     assert gain_over_base(accuracy) >= 0.04, summary
 
