@@ -81,7 +81,9 @@ def test_topic_spec_round_trips(kafka_log: KafkaLog, unique: str, spec: TopicSpe
 def test_a_compacted_topic_that_rolls_its_segment_keeps_only_new_values(kafka_log: KafkaLog, unique: str) -> None:
     """Kafka never compacts the active segment: without ``segment_ms`` a changelog written all the
     time would keep every value it ever had, which a restarted stream processor reads through.
-    Writes go on (one value of key ``k`` per poll) until the segment rolled and the cleaner ran."""
+    Writes go on (50 values of key ``k`` per poll) until the segment rolled and the cleaner removed at
+    least 50 old values: a roll by time can fall inside a batch, so the first pass of the cleaner may
+    remove fewer than one batch, and the next roll removes more."""
     topic = f"kafka.rolled.{unique}"
     kafka_log.create_topic(TopicSpec(topic, compacted=True, segment_ms=1000))
     tp = TopicPartition(topic, 0)
@@ -96,11 +98,12 @@ def test_a_compacted_topic_that_rolls_its_segment_keeps_only_new_values(kafka_lo
             reader.assign([tp])
             reader.seek(tp, 0)
             values = [m.value for m in first_records(reader, written, timeout=2.0)]
-            if len(values) < written:  # compacted: the old values are gone
+            if len(values) <= written - 50:  # compacted: at least a batch of old values is gone
                 break
-            assert time.monotonic() < deadline, f"no compaction of {written} values within 120 s"
+            assert time.monotonic() < deadline, f"{written - len(values)} of {written} values compacted within 120 s"
     assert values[-1] == f"v{written - 1}".encode()
-    assert len(values) <= written - 50
+    kept = [int(v.decode()[1:]) for v in values]
+    assert kept == sorted(set(kept)), "compaction keeps the surviving values once each, in the order written"
 
 
 def java_partition(key: bytes, partitions: int) -> int:
