@@ -133,6 +133,20 @@ class Consumer(ABC):
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         """Store next-offsets for the group; ``None`` commits the current positions."""
 
+    def read_range(self, partition: TopicPartition, start: int, end: int) -> list[Message]:
+        """The records of ``partition`` from ``start`` up to ``end`` (exclusive) that are still there, in
+        order. The consumer reads that partition alone meanwhile and holds no assignment after, so one
+        consumer can serve many ranges (a reader kept open costs a client's start and close once)."""
+        self.assign([partition])
+        try:
+            self.seek(partition, start)
+            out: list[Message] = []
+            while self.position(partition) < end:
+                out += [m for m in self.poll(max_records=1000, timeout=1.0) if start <= m.offset < end]
+            return out
+        finally:
+            self.assign([])
+
     @abstractmethod
     def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed next-offset per partition (``None`` if never committed)."""
@@ -313,6 +327,10 @@ class Log(ABC):
         session_timeout_s: float = 10.0,
     ) -> Consumer:
         """A new consumer; with ``group_id`` it can ``subscribe``, without it only ``assign``."""
+
+    def range_reader(self) -> Consumer:
+        """A consumer without a group, to be kept for many ``Consumer.read_range`` calls."""
+        return self.consumer()
 
     @abstractmethod
     def close(self) -> None:

@@ -296,3 +296,35 @@ def test_embedded_offsets_of_partitions_the_member_lost_abort_the_transaction(tm
 
 if __name__ == "__main__":
     child(*sys.argv[1:])
+
+
+def test_a_range_reader_reads_ranges_across_commit_markers_and_keeps_no_assignment(
+    log: Log, backend: str, unique: str
+) -> None:
+    """``Consumer.read_range`` on one reader kept for many ranges (the faust runtime's gap reader): each
+    range holds exactly the records committed in it, a range of only a commit marker (an offset no
+    record stands for on Kafka) is empty, ranges may go backwards, and between ranges the reader
+    holds no partition."""
+    topic = make_topic(log, unique, "ranges")
+    with log.transactional_producer(f"ranges-{unique}") as producer:
+        for batch in range(3):
+            producer.begin()
+            for i in range(5):
+                producer.send(topic, f"b{batch}-{i}".encode(), partition=0)
+            producer.commit()
+    tp = TopicPartition(topic, 0)
+    with log.consumer() as full:
+        full.assign([tp])
+        everything = drain(full, 15)
+    offsets = [m.offset for m in everything]
+    assert [m.value for m in everything] == [f"b{b}-{i}".encode() for b in range(3) for i in range(5)]
+    gaps = [a + 1 for a, b in zip(offsets, offsets[1:]) if b != a + 1]  # commit markers (Kafka only)
+    assert len(gaps) == (2 if backend == "kafka" else 0)
+    ranges = [(offsets[5], offsets[10]), (offsets[0], offsets[3]), (offsets[3], offsets[14] + 1)]
+    ranges += [(gap, gap + 1) for gap in gaps] + [(offsets[0], offsets[0] + 1)]
+    with log.range_reader() as reader:
+        for start, end in ranges:
+            got = reader.read_range(tp, start, end)
+            assert [m.offset for m in got] == [o for o in offsets if start <= o < end], (start, end)
+            assert [m.value for m in got] == [m.value for m in everything if start <= m.offset < end]
+            assert reader.assignment() == []
