@@ -83,6 +83,8 @@ logger = logging.getLogger(__name__)
 COMMIT_INTERVAL_S = 0.5
 """How often faust's timer commits the transactions. The agent also commits as soon as it sent outputs and
 no input waits (a batch of trajectories handled): in a latency-bound loop that is the commit that counts."""
+COMMIT_SETTLE_S = 0.005
+"""How long the agent waits for more input once its channel is empty before it commits its outputs."""
 SESSION_TIMEOUT_S = 10.0
 """A worker that stops heart-beating (killed) gives its partitions up after this long."""
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -244,6 +246,8 @@ class FaustStreamProcessor(GroupProcessor):
                     return
                 await stream.ack(event)
                 lock.release()
+                if self.emitted and stream.channel.empty():
+                    await asyncio.sleep(COMMIT_SETTLE_S)
                 if self.emitted and stream.channel.empty():
                     # outputs wait for nothing more that has arrived: commit them now, not at the next timer
                     self.emitted = False
