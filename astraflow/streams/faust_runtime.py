@@ -82,9 +82,12 @@ logger = logging.getLogger(__name__)
 
 COMMIT_INTERVAL_S = 0.5
 """How often faust's timer commits the transactions. The agent also commits as soon as it sent outputs and
-no input waits (a batch of trajectories handled): in a latency-bound loop that is the commit that counts."""
+no input waits, ``COMMIT_SETTLE_S`` after its channel emptied (a batch of trajectories handled): in a
+latency-bound loop that is the commit that counts."""
 COMMIT_SETTLE_S = 0.005
-"""How long the agent waits for more input once its channel is empty before it commits its outputs."""
+"""How long the agent waits for more input once its channel is empty before it commits its outputs: faust's
+fetcher hands a producer's batch over in pieces, and without the wait the agent committed between them
+(6.6 transactions a version on the math example, 2.1 with it), each a few round trips to the broker."""
 SESSION_TIMEOUT_S = 10.0
 """A worker that stops heart-beating (killed) gives its partitions up after this long."""
 MAX_RECORD_BYTES = 64 * 1024 * 1024
