@@ -162,14 +162,13 @@ def _take(cache, attention: torch.Tensor, rows: torch.Tensor) -> list[list[tuple
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [N, P] left-padded with ``pad_id`` and the attention mask [N, P] (1 = real token)."""
-    width = max(len(prompt) for prompt in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if len(prompt):
-            ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
-    return ids, mask
+    lengths = np.fromiter((len(prompt) for prompt in prompts), dtype=np.int64, count=len(prompts))
+    width = int(lengths.max())
+    real = np.arange(width) >= (width - lengths)[:, None]  # [N, P] row-major, so filled in prompt order
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    if width:
+        ids[real] = np.concatenate([np.asarray(prompt, dtype=np.int64).reshape(-1) for prompt in prompts])
+    return torch.from_numpy(ids), torch.from_numpy(real.astype(np.int64))
 
 
 @torch.inference_mode()

@@ -69,19 +69,19 @@ class PolicyBatch:
 def collate(examples: Sequence[PolicyExample], pad_id: int, device: torch.device | str = "cpu") -> PolicyBatch:
     """Pad ``examples`` into one batch (prompts on the left, responses on the right)."""
     prompt_ids, prompt_mask = left_pad([example.prompt_ids for example in examples], pad_id)
-    width = max(len(example.response_ids) for example in examples)
-    rows = len(examples)
-    response_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    behaviour = torch.zeros((rows, width), dtype=torch.float32)
-    loss_mask = torch.zeros((rows, width), dtype=torch.float32)
-    response_mask = torch.zeros((rows, width), dtype=torch.long)
-    for row, example in enumerate(examples):
-        length = len(example.response_ids)
-        response_ids[row, :length] = torch.as_tensor(example.response_ids, dtype=torch.long)
-        behaviour[row, :length] = torch.as_tensor(example.behaviour_logprobs, dtype=torch.float32)
-        loss_mask[row, :length] = torch.as_tensor(example.loss_mask, dtype=torch.float32)
-        response_mask[row, :length] = 1
-    attention = torch.cat([prompt_mask, response_mask], dim=1)
+    lengths = np.fromiter((len(example.response_ids) for example in examples), dtype=np.int64, count=len(examples))
+    rows, width = len(examples), int(lengths.max())
+    real = np.arange(width) < lengths[:, None]  # [B, R] row-major, so filled in example order
+
+    def padded(field: str, dtype: type, fill: float) -> torch.Tensor:
+        out = np.full((rows, width), fill, dtype=dtype)
+        out[real] = np.concatenate([np.asarray(getattr(example, field), dtype=dtype) for example in examples])
+        return torch.from_numpy(out)
+
+    response_ids = padded("response_ids", np.int64, pad_id)
+    behaviour = padded("behaviour_logprobs", np.float32, 0.0)
+    loss_mask = padded("loss_mask", np.float32, 0.0)
+    attention = torch.cat([prompt_mask, torch.from_numpy(real.astype(np.int64))], dim=1)
     return PolicyBatch(
         input_ids=torch.cat([prompt_ids, response_ids], dim=1).to(device),
         attention_mask=attention.to(device),

@@ -202,3 +202,25 @@ def test_lr_follows_the_version_so_a_resumed_trainer_keeps_its_schedule() -> Non
     assert fresh.step([example]).lr == pytest.approx(1e-3 * 0.25)
     stats = resumed.step([example])
     assert (stats.version, stats.lr) == (10, pytest.approx(1e-3 * lr_factor(9, 4, 10, 0.1)))
+
+
+def test_collate_pads_prompts_left_and_responses_right_in_example_order() -> None:
+    examples = [
+        PolicyExample(np.array([5, 6, 7], np.int32), np.array([8], np.int32), np.array([-0.5], np.float32),
+                      np.array([1], np.uint8), 1.0),
+        PolicyExample(np.array([], np.int32), np.array([9, 10, 11], np.int32),
+                      np.array([-0.1, -0.2, -0.3], np.float32), np.array([1, 0, 1], np.uint8), -2.0),
+        PolicyExample(np.array([4], np.int32), np.array([12, 13], np.int32), np.array([-1.0, -2.0], np.float32),
+                      np.array([0, 1], np.uint8), 0.5),
+    ]  # fmt: skip
+    batch = collate(examples, pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 0, 0], [0, 0, 0, 9, 10, 11], [0, 0, 4, 12, 13, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 3, 3], [0, 0, 0, 0, 1, 2], [0, 0, 0, 1, 2, 2]]
+    assert batch.response_ids.tolist() == [[8, 0, 0], [9, 10, 11], [12, 13, 0]]
+    expected = torch.tensor([[-0.5, 0, 0], [-0.1, -0.2, -0.3], [-1.0, -2.0, 0]])
+    assert torch.equal(batch.behaviour_logprobs, expected)
+    assert batch.loss_mask.tolist() == [[1, 0, 0], [1, 0, 1], [0, 1, 0]]
+    assert batch.advantages.tolist() == [1.0, -2.0, 0.5]
+    dtypes = [batch.input_ids.dtype, batch.attention_mask.dtype, batch.response_ids.dtype, batch.loss_mask.dtype]
+    assert dtypes == [torch.long, torch.long, torch.long, torch.float32]
