@@ -92,9 +92,16 @@ def test_engine_stops_at_eos_and_swaps_weights() -> None:
     assert generation.response_ids.tolist() == [tokenizer.eos_token_id] and generation.text == ""
     assert generation.logprobs.tolist() == pytest.approx([0.0], abs=1e-6)
     fresh = build_tiny_model(tokenizer, SMALL)
-    engine.load_state_dict(fresh.state_dict(), version=7)
+    engine.load_state_dict({name: t.to(torch.bfloat16) for name, t in fresh.state_dict().items()}, version=7)
     assert engine.version == 7
-    torch.testing.assert_close(model.lm_head.weight, fresh.lm_head.weight)
+    for name, tensor in model.state_dict().items():  # every tensor, in the model's own dtype
+        assert tensor.dtype == torch.float32
+        assert torch.equal(tensor, fresh.state_dict()[name].to(torch.bfloat16).float()), name
+    with pytest.raises(RuntimeError, match="Missing key"):  # not the model's names: torch's checks and message
+        engine.load_state_dict({name: t for name, t in fresh.state_dict().items() if "lm_head" not in name}, 8)
+    wrong = dict(fresh.state_dict(), **{"lm_head.weight": torch.zeros(3, 3)})
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        engine.load_state_dict(wrong, 9)
 
 
 def test_micro_batches_give_the_full_batch_gradient() -> None:
