@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 OffsetReset = Literal["earliest", "latest"]
 ASSIGN_GROUP_PREFIX = "astraflow-assign-"
@@ -133,19 +133,22 @@ class Consumer(ABC):
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         """Store next-offsets for the group; ``None`` commits the current positions."""
 
-    def read_range(self, partition: TopicPartition, start: int, end: int) -> list[Message]:
+    def read_range(self, partition: TopicPartition, start: int, end: int) -> Iterator[Message]:
         """The records of ``partition`` from ``start`` up to ``end`` (exclusive) that are still there, in
-        order. The consumer reads that partition alone meanwhile and holds no assignment after, so one
-        consumer can serve many ranges (a reader kept open costs a client's start and close once)."""
-        self.assign([partition])
+        order, as they are read. The consumer reads that partition alone meanwhile and holds no
+        assignment once the range is read (or the iterator closed), so one consumer can serve many
+        ranges (a reader kept open costs a client's start and close once)."""
+        self._assign_at(partition, start)
         try:
-            self.seek(partition, start)
-            out: list[Message] = []
             while self.position(partition) < end:
-                out += [m for m in self.poll(max_records=1000, timeout=1.0) if start <= m.offset < end]
-            return out
+                yield from (m for m in self.poll(max_records=1000, timeout=1.0) if start <= m.offset < end)
         finally:
             self.assign([])
+
+    def _assign_at(self, partition: TopicPartition, offset: int) -> None:
+        """Read ``partition`` alone, from ``offset``."""
+        self.assign([partition])
+        self.seek(partition, offset)
 
     @abstractmethod
     def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:

@@ -119,21 +119,13 @@ class KafkaConsumer(Consumer):
             self._positions[TopicPartition(msg.topic(), msg.partition())] = msg.offset() + 1
         return messages
 
-    def read_range(self, partition: TopicPartition, start: int, end: int) -> list[Message]:
-        # assigned at ``start`` at once: the assign-then-seek of the default restarts a partition whose fetcher
-        # has not started (``_reassign_at``) and cost ~0.5 s a range where this costs a few milliseconds
+    def _assign_at(self, partition: TopicPartition, offset: int) -> None:
+        # assigned at ``offset`` at once: the default's assign-then-seek restarts a partition whose fetcher has
+        # not started (``_reassign_at``) and cost ~0.5 s a range where this costs a few milliseconds
         self._subscribed = False
         self._positions.clear()
-        self._consumer.assign([RdPartition(partition.topic, partition.partition, start)])
-        self._positions[partition] = start
-        try:
-            out: list[Message] = []
-            while self.position(partition) < end:
-                out += [m for m in self.poll(max_records=1000, timeout=1.0) if start <= m.offset < end]
-            return out
-        finally:
-            self._consumer.unassign()
-            self._positions.clear()
+        self._consumer.assign([RdPartition(partition.topic, partition.partition, offset)])
+        self._positions[partition] = offset
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         if not self._has_group:

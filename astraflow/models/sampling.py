@@ -166,8 +166,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
     width = int(lengths.max())
     real = np.arange(width) >= (width - lengths)[:, None]  # [N, P] row-major, so filled in prompt order
     ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
-    if width:
-        ids[real] = np.concatenate([np.asarray(prompt, dtype=np.int64).reshape(-1) for prompt in prompts])
+    ids[real] = np.concatenate([np.asarray(prompt, dtype=np.int64).reshape(-1) for prompt in prompts])
     return torch.from_numpy(ids), torch.from_numpy(real.astype(np.int64))
 
 

@@ -347,7 +347,7 @@ class FaustStreamProcessor(GroupProcessor):
         consumer made and closed for each cost ~30 ms of the agent's time each on the local broker."""
         if self.gaps is None:
             self.gaps = self.ctx.log.range_reader()
-        return self.gaps.read_range(TopicPartition(self.source, partition), start, end)
+        return list(self.gaps.read_range(TopicPartition(self.source, partition), start, end))
 
     def _handle(self, message: Message, version: int, buffer: GroupBuffer) -> None:
         """Steps 1-4 of ``streams.processing`` for one record, into the outbox, with its table writes."""

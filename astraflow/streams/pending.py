@@ -98,13 +98,9 @@ def read_trajectories(log: Log, topic: str, codec: Codec, positions: list[tuple[
 
 def read_range(log: Log, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
     """The records of one partition from ``start`` up to ``end`` (exclusive) that are still there, in order."""
-    tp = TopicPartition(topic, partition)
     consumer = log.consumer(group_id=None)
     try:
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        while consumer.position(tp) < end:
-            yield from (m for m in consumer.poll(max_records=1000, timeout=1.0) if start <= m.offset < end)
+        yield from consumer.read_range(TopicPartition(topic, partition), start, end)
     finally:
         consumer.close()
 

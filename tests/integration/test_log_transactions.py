@@ -294,10 +294,6 @@ def test_embedded_offsets_of_partitions_the_member_lost_abort_the_transaction(tm
                 closable.close()
 
 
-if __name__ == "__main__":
-    child(*sys.argv[1:])
-
-
 def test_a_range_reader_reads_ranges_across_commit_markers_and_keeps_no_assignment(
     log: Log, backend: str, unique: str
 ) -> None:
@@ -324,7 +320,11 @@ def test_a_range_reader_reads_ranges_across_commit_markers_and_keeps_no_assignme
     ranges += [(gap, gap + 1) for gap in gaps] + [(offsets[0], offsets[0] + 1)]
     with log.range_reader() as reader:
         for start, end in ranges:
-            got = reader.read_range(tp, start, end)
+            got = list(reader.read_range(tp, start, end))
             assert [m.offset for m in got] == [o for o in offsets if start <= o < end], (start, end)
             assert [m.value for m in got] == [m.value for m in everything if start <= m.offset < end]
             assert reader.assignment() == []
+
+
+if __name__ == "__main__":
+    child(*sys.argv[1:])
