@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 def _cache_key(config: RunConfig) -> str:
     sections = {name: getattr(config, name).model_dump(mode="json") for name in ("model", "task", "warmup")}
+    if config.warmup.micro_batch_tokens is None:  # keys from before the option stay what they were
+        del sections["warmup"]["micro_batch_tokens"]
     if config.role != "answer":  # keys of single-role runs stay what they were, so their caches stay valid
         sections["role"] = {
             "role": config.role,
@@ -83,6 +85,7 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
         "batch_size": w.batch_size,
         "lr": w.lr,
         "eval_every": w.eval_every,
+        "micro_batch_tokens": w.micro_batch_tokens,
         "seed": m.seed,
     }
     if multi_turn:

@@ -87,6 +87,7 @@ def supervised_warmup(
     lr: float = 1e-3,
     eval_every: int = 10,
     max_new_tokens: int = 4,
+    micro_batch_tokens: int | None = None,
     seed: int = 0,
 ) -> WarmupResult:
     """Fine-tune ``model`` in place until greedy held-out EM ≥ ``target_em`` or ``max_steps`` steps."""
@@ -100,8 +101,21 @@ def supervised_warmup(
         batch_size=batch_size,
         lr=lr,
         eval_every=eval_every,
+        micro_batch_tokens=micro_batch_tokens,
         seed=seed,
     )
+
+
+def micro_batches(examples: Sequence[PolicyExample], max_tokens: int) -> list[list[PolicyExample]]:
+    """``examples`` ordered by length and cut into runs whose padded size (rows x longest row) is at
+    most ``max_tokens``; a row longer than that is a micro-batch of its own."""
+    parts: list[list[PolicyExample]] = []
+    for example in sorted(examples, key=lambda e: len(e.prompt_ids) + len(e.response_ids)):
+        length = len(example.prompt_ids) + len(example.response_ids)
+        if not parts or (len(parts[-1]) + 1) * length > max_tokens:
+            parts.append([])
+        parts[-1].append(example)
+    return parts
 
 
 def fit(
@@ -115,10 +129,12 @@ def fit(
     batch_size: int = 64,
     lr: float = 1e-3,
     eval_every: int = 10,
+    micro_batch_tokens: int | None = None,
     seed: int = 0,
 ) -> WarmupResult:
     """Cross-entropy on the masked response tokens of ``examples`` until ``evaluate()`` ≥ ``target``
-    (checked every ``eval_every`` steps) or ``max_steps`` steps; the model ends in eval mode."""
+    (checked every ``eval_every`` steps) or ``max_steps`` steps; the model ends in eval mode. With
+    ``micro_batch_tokens`` each batch runs as ``micro_batches`` of it (the same gradient)."""
     started = time.perf_counter()
     order = random.Random(seed)
     examples = list(examples)
@@ -128,11 +144,14 @@ def fit(
     step = 0
     while em < target and step < max_steps:
         model.train()
-        batch = collate(order.sample(examples, min(batch_size, len(examples))), pad_id, model.device)
-        logprobs = response_logprobs(model, batch)  # [B, R]
-        loss = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
+        sampled = order.sample(examples, min(batch_size, len(examples)))
+        tokens = float(sum(int(np.sum(example.loss_mask)) for example in sampled))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        for part in micro_batches(sampled, micro_batch_tokens) if micro_batch_tokens else [sampled]:
+            batch = collate(part, pad_id, model.device)
+            logprobs = response_logprobs(model, batch)  # [B, R]
+            # each part's share of the batch's mean: the summed gradients are the whole batch's
+            (-(logprobs * batch.loss_mask).sum() / tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1

@@ -56,3 +56,9 @@ class WarmupConfig(Section):
     """Warm-up AdamW learning rate."""
     eval_every: int = Field(default=25, ge=1)
     """Warm-up steps between held-out evaluations."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Padded tokens (rows x longest row) of one warm-up forward: each sampled batch is ordered by
+    length and cut into micro-batches of at most this many, each padded to its own longest row; the
+    gradient is the whole batch's. Unset: the batch is padded as one. Multi-turn demonstrations
+    range from ~100 to ~550 tokens, so one padded batch is mostly padding (rooms: a step of 32 in
+    0.69 s at 2048 against 1.52 s whole). The float order changes, and so does the base it builds."""

@@ -12,7 +12,7 @@ import torch
 
 from astraflow.basemodel.cache import _cache_key
 from astraflow.basemodel.sft import demonstration_examples
-from astraflow.config import AgentConfig, RunConfig, parse_config
+from astraflow.config import AgentConfig, RunConfig, load_config, parse_config
 from astraflow.envs.base import EnvError
 from astraflow.envs.episodes import AgentLimits, demonstrate
 from astraflow.errors import ConfigError
@@ -25,6 +25,8 @@ from astraflow.tasks.datasets import task_alphabet, task_demonstration
 from astraflow.tasks.rooms.data import room_problems
 from astraflow.tasks.search.facts import SEARCH_SHARE, fact_problems
 from tests.unit.scripted_engine import ScriptedEngine
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 TOKENIZER = build_char_tokenizer(task_alphabet("search_facts"))
 LIMITS = AgentLimits(max_turns=8, max_new_tokens=32, max_total_tokens=512, max_observation_tokens=64)
@@ -149,3 +151,59 @@ def test_a_changed_task_generator_gets_a_new_cache_key(monkeypatch: pytest.Monke
     monkeypatch.setattr(programs, "DATA_VERSION", programs.DATA_VERSION + 1)
     assert _cache_key(code) != before
     assert _cache_key(RunConfig()) == math  # a task whose generator never changed keeps its key
+
+
+def test_warm_up_micro_batches_get_their_own_cache_key_and_leave_other_keys_as_they_were() -> None:
+    math = RunConfig()
+    cut = parse_config({"warmup": {"micro_batch_tokens": 2048}})
+    assert _cache_key(cut) != _cache_key(math)
+    # the math example's key from before the option existed: its cached bases stay valid
+    assert _cache_key(load_config(EXAMPLES / "math" / "config.yaml")) == "1204139d8227abe0"
+
+
+def test_the_warm_up_cuts_a_batch_by_length_and_keeps_its_gradient() -> None:
+    from astraflow.basemodel.sft import fit, micro_batches
+    from astraflow.training.step import PolicyExample, collate, response_logprobs
+
+    rng = np.random.default_rng(0)
+    lengths = [4, 40, 9, 30, 5, 22, 60, 12]
+    examples = [
+        PolicyExample(
+            rng.integers(3, 10, 3).astype(np.int32),
+            rng.integers(3, 10, n).astype(np.int32),
+            np.zeros(n, np.float32),
+            (rng.random(n) < 0.7).astype(np.uint8),
+            0.0,
+        )
+        for n in lengths
+    ]
+    parts = micro_batches(examples, 100)
+    assert sorted(id(e) for part in parts for e in part) == sorted(id(e) for e in examples)
+    assert [len(e.response_ids) for part in parts for e in part] == sorted(lengths)  # ordered by length
+    assert all(len(p) * max(len(e.prompt_ids) + len(e.response_ids) for e in p) <= 100 for p in parts if len(p) > 1)
+    assert len(parts) > 1 and micro_batches(examples, 10_000) == [sorted(examples, key=lambda e: len(e.response_ids))]
+
+    tokenizer = build_char_tokenizer("abcdefghij")
+    spec = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    whole, cut = build_tiny_model(tokenizer, spec), build_tiny_model(tokenizer, spec)
+    cut.load_state_dict(whole.state_dict())
+    # one step of fit (micro-batches of at most 100 padded tokens) against the same step on one padded batch
+    fit(
+        cut,
+        tokenizer.pad_token_id,
+        examples,
+        lambda: 0.0,
+        target=1.0,
+        max_steps=1,
+        batch_size=8,
+        lr=1e-2,
+        micro_batch_tokens=100,
+    )
+    optimizer = torch.optim.AdamW(whole.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0)
+    whole.train()
+    batch = collate(examples, tokenizer.pad_token_id, whole.device)
+    (-(response_logprobs(whole, batch) * batch.loss_mask).sum() / batch.loss_mask.sum()).backward()
+    torch.nn.utils.clip_grad_norm_(whole.parameters(), 1.0)
+    optimizer.step()
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(cut.state_dict()[name], value, rtol=1e-4, atol=1e-6)
