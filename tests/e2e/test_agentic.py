@@ -103,10 +103,11 @@ def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> Non
     # measured here, the mean of the evaluations at 12 and 16 was +0.07, +0.09, +0.10, +0.12, +0.13 over
     # the base (0.18) in five runs of the example evaluated every 2 versions; at 8 and 12 it was +0.06
     # to +0.09 there, and +0.03 in a CI run: too close to any margin to assert. Those runs share one base
-    # (0.181, where the warm-up's first evaluation crossed 0.17, at step 275). A base that crossed at
-    # step 200 (0.188, the same warm-up cut into micro-batches, so another float order) learned less:
-    # -0.04 and, at twice the lr, +0.105 and -0.01. A machine whose arithmetic builds another base may
-    # fail this test; that is the test's known weakness (issue #26)
+    # (0.181, where the warm-up's first evaluation crossed 0.17, at step 275). Bases of another float
+    # order (the same warm-up cut into micro-batches) learned less: crossing at step 200 (0.188), -0.04 and,
+    # at twice the lr, +0.105 and -0.01; stopped at step 275 (0.172), +0.008; and the 10-minute example
+    # on the first of them +0.19 where this base gives +0.30. A machine whose arithmetic builds another
+    # base may fail this test; that is the test's known weakness (issue #26)
     config = example_config(
         "code",
         tmp_path / "code.yaml",
