@@ -107,8 +107,9 @@ def supervised_warmup(
 
 
 def micro_batches(examples: Sequence[PolicyExample], max_tokens: int) -> list[list[PolicyExample]]:
-    """``examples`` ordered by length and cut into runs whose padded size (rows x longest row) is at
-    most ``max_tokens``; a row longer than that is a micro-batch of its own."""
+    """``examples`` ordered by length and cut into runs of at most ``max_tokens`` rows x longest row
+    (prompt and response together); a row longer than that is a micro-batch of its own. ``collate`` pads
+    prompts and responses apart, so a run whose prompts differ in length pads a little beyond that."""
     parts: list[list[PolicyExample]] = []
     for example in sorted(examples, key=lambda e: len(e.prompt_ids) + len(e.response_ids)):
         length = len(example.prompt_ids) + len(example.response_ids)

@@ -57,7 +57,7 @@ class WarmupConfig(Section):
     eval_every: int = Field(default=25, ge=1)
     """Warm-up steps between held-out evaluations."""
     micro_batch_tokens: int | None = Field(default=None, ge=1)
-    """Padded tokens (rows x longest row) of one warm-up forward: each sampled batch is ordered by
+    """Tokens (rows x longest row, about what is padded) of one warm-up forward: each sampled batch is ordered by
     length and cut into micro-batches of at most this many, each padded to its own longest row; the
     gradient is the whole batch's. Unset: the batch is padded as one. Where rows differ widely in
     length, one padded batch is mostly padding (the rooms example's demonstrations run ~100-550
