@@ -15,8 +15,8 @@ demo:
 # recorded math run they share is made once (tests/e2e/conftest.py, made_once). Learning runs marked
 # `solo` run last, one at a time: sharing the cores doubled their minutes. The two longest
 # (marked `long`: the Kafka fault run, three policies side by side; also a ZeRO-3 trainer's killed
-# rank and the 2 -> 1 -> 2 resume of ZeRO-3 ranks, solver + verifier and
-# learning from a whole replayed run, not reliable yet) are left out to keep the
+# rank and the 2 -> 1 -> 2 resume of ZeRO-3 ranks, and learning from a whole replayed run, not
+# reliable yet) are left out to keep the
 # suite within 35 minutes on 2 cores: `.venv/bin/python -m pytest -m long tests/integration tests/e2e` runs them,
 # and benchmarks/chaos.py runs the faults at length.
 # DeepSpeed (CPU, gloo) and a CPU build of vLLM in its own virtualenv back the engine/backend tests.

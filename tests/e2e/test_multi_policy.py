@@ -4,11 +4,8 @@ Solver and verifier each have their own base checkpoint, stream processor, train
 process; one rollout producer runs the workflow for both. Both trainers must publish versions,
 both held-out metrics must rise above their bases (the solver's exact match, the verifier's
 judgement accuracy on balanced true/false claims), and the system evaluator must report per
-version pair. Runs in lockstep (what learns fastest on 2 cores). Measured (4 min, 2 cores shared
-with other jobs at load 6-8, ~60-90 s of it start-up): solver 0.38 → 0.52 in 77 versions,
-verifier 0.67 → 0.775 in 114, system accuracy with the verifier choosing 0.38 → 0.58 (alone 0.535).
-Before the verifier learned it left the solver the CPU (144 versions, 0.38 → 0.605), so the
-solver's margin is now +0.05 like the verifier's, on the mean of the last two evaluations.
+version pair, with the majority vote over the same samples beside the verifier's choice. The
+example's own mode (async, one version of staleness), stopped on the solver's versions.
 """
 
 from __future__ import annotations
@@ -24,21 +21,19 @@ from astraflow.launch.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "config.yaml"
-# a cold warm-up of both policies is part of this test when nothing is cached
-# long: left out of make test. Stopped on versions (70) it failed there once: the mean of the
-# verifier's last two evaluations was 0.72 against its base 0.67, not above +0.05 (issue #26 is open on it)
-pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1800)]
+# a cold warm-up of both policies (~20 s) is part of this test when nothing is cached. Run alone
+# (solo: make test runs it after the tests that share the cores)
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(1800)]
 
 
 def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     raw = yaml.safe_load(EXAMPLE.read_text())
-    # stops at a number of versions, never on the gain it asserts: the solver (the slower to learn)
-    # reached ~0.47 by versions 60-70 in lockstep (benchmarks/results/multi_policy_real.json), the
-    # verifier ~0.78; the time cap only ends a run that is stuck
-    raw["run"], raw["stop"] = "sv", {"max_versions": 70, "max_minutes": 12}
-    # on 2 shared cores on-policy learns more per second than async (benchmarks/multi_policy.py, part
-    # real), and the evaluators took a quarter of the CPU at every 5 versions: leave it to training
-    raw["mode"], raw["stream"] = "lockstep", {"max_staleness": 0}
+    # stops at a number of versions (the slower trainer's, the solver's), never on the gain it asserts,
+    # the time cap only ends a run that is stuck. Measured here alone, from bases 0.38 (solver) and
+    # 0.67 (verifier), evaluated every 10 versions: the solver stays near its base for ~70 versions,
+    # then rises (0.44, 0.48 at 90 and 100 in one run; 0.53, 0.535, 0.52, 0.545 at 90-120 in another,
+    # 0.635 at 150), the verifier +0.10 to +0.13 by then; 120 solver versions took ~2.5 minutes
+    raw["run"], raw["stop"] = "sv", {"max_versions": 120, "max_minutes": 12}
     raw["eval"]["every_versions"] = 10
     config = run_dir / "test.yaml"
     config.write_text(yaml.safe_dump(raw))
@@ -52,8 +47,10 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     policies = summary["policies"]
     assert set(policies) == {"solver", "verifier"}
-    assert policies["solver"]["versions"] >= 20 and policies["verifier"]["versions"] >= 20, summary
-    for policy in policies.values():  # both rise: 200 held-out rows, so one evaluation is ±0.035
+    assert policies["solver"]["versions"] >= 120 and policies["verifier"]["versions"] >= 120, summary
+    # both rise, on the mean of their last two evaluations: 200 held-out rows, so one is ±0.035; with
+    # train.lr 0 every evaluation is the base's and neither gains
+    for policy in policies.values():
         accuracy = {int(version): value for version, value in policy["accuracy_by_version"].items()}
         assert gain_over_base(accuracy) >= 0.05, policy
     for name, final in summary["final_models"].items():  # each policy's final version, for transformers
