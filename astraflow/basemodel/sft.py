@@ -111,9 +111,8 @@ def micro_batches(examples: Sequence[PolicyExample], max_tokens: int) -> list[li
     (prompt and response together); a row longer than that is a micro-batch of its own. ``collate`` pads
     prompts and responses apart, so a run whose prompts differ in length pads a little beyond that."""
     parts: list[list[PolicyExample]] = []
-    for example in sorted(examples, key=lambda e: len(e.prompt_ids) + len(e.response_ids)):
-        length = len(example.prompt_ids) + len(example.response_ids)
-        if not parts or (len(parts[-1]) + 1) * length > max_tokens:
+    for example in sorted(examples, key=lambda e: e.length):
+        if not parts or (len(parts[-1]) + 1) * example.length > max_tokens:
             parts.append([])
         parts[-1].append(example)
     return parts

@@ -36,6 +36,11 @@ class PolicyExample:
     loss_mask: np.ndarray  # [R] uint8
     advantage: float
 
+    @property
+    def length(self) -> int:
+        """Tokens of the row, prompt and response together (what a forward over it runs)."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
 
 def random_examples(vocab: int, count: int, prompt: int, response: int, seed: int = 0) -> list[PolicyExample]:
     """``count`` random responses with alternating advantages: a batch with a gradient, for benchmarks
@@ -267,7 +272,7 @@ class PolicyTrainer:
         largest = len(share(len(examples), 0, ranks.world_size))
         size = self.config.micro_batch_size or largest
         if size < len(mine):
-            mine.sort(key=lambda example: len(example.prompt_ids) + len(example.response_ids))
+            mine.sort(key=lambda example: example.length)
         count = math.ceil(largest / size)
         muted = replace(examples[0], loss_mask=np.zeros_like(examples[0].loss_mask), advantage=0.0)
         return [mine[start : start + size] or [muted] for start in range(0, count * size, size)]

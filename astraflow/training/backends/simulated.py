@@ -64,7 +64,7 @@ class SimulatedLearner(PolicyTrainer):
         if not examples:
             raise ValueError("PolicyTrainer.step needs at least one example")
         started = time.perf_counter()
-        tokens = [len(example.prompt_ids) + len(example.response_ids) for example in examples]
+        tokens = [example.length for example in examples]
         seconds = self.time_model.seconds(tokens)
         self.sleep(seconds)
         self.simulated_seconds += seconds
