@@ -41,6 +41,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from astraflow.acls import grant_run
 from astraflow.analysis.report import write_report
 from astraflow.config import RunConfig, dump_config
@@ -254,8 +256,32 @@ def refuse_another_runs_topics(config: RunConfig, run_dir: Path) -> None:
         )
 
 
+def refuse_another_runs_directory(config: RunConfig, run_dir: Path) -> None:
+    """Refuse to start a run in a directory where the launcher ran another one: of another ``run``
+    name, or on the other log backend (read from the ``config.yaml`` it left, before this run writes
+    its own). The trainer resumes from the directory's checkpoints, whose offsets name records of
+    that run's log: the math example run on Kafka in the directory of an embedded run resumed "at
+    version 5 from offsets {0: 2560}" of a samples topic with no such records, and reported the
+    embedded run's versions as its own."""
+    folder = RunDir(run_dir)
+    if not (folder.metrics.exists() and folder.config.exists()):
+        return
+    try:
+        before = yaml.safe_load(folder.config.read_text()) or {}
+        name, backend = before.get("run"), (before.get("log") or {}).get("backend", "embedded")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return  # not a config the launcher wrote: nothing to compare
+    if (name, backend) != (config.run, config.log.backend):
+        raise AstraFlowError(
+            f"the run directory {run_dir} holds run {name!r} on the {backend} log, and this is run "
+            f"{config.run!r} on the {config.log.backend} log: its trainer would resume from that run's "
+            "checkpoints, whose offsets name records of the other log. Give this run its own --run-dir"
+        )
+
+
 def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     """Run the whole system until a stop condition; return the summary written to summary.json."""
+    refuse_another_runs_directory(config, run_dir)
     refuse_another_runs_topics(config, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = RunDir(run_dir).config
