@@ -8,9 +8,10 @@ half-filled groups in its own changelog, which the other does not read, so a gro
 switch ends incomplete (its later members time out). The two cannot run in one group at the same
 time (Kafka refuses a member whose assignment protocol differs). Records are read and written as
 raw bytes: the project's Avro codec decodes and encodes them (``streams.processing``, shared with
-the native runtime). Half-filled groups live in the faust table ``pending``
-(``faust_table``), whose changelog topic ``{app id}-pending-changelog`` lets a restarted or
-rebalanced worker resume them. A (re)started worker waits about 10 s at the end of restoring it:
+the native runtime). Half-filled groups, and the state of the stateful operators of each input
+partition's own pipeline (reward statistics, a replay buffer...), live in the faust table
+``pending`` (``faust_table``), whose changelog topic ``{app id}-pending-changelog`` lets a
+restarted or rebalanced worker resume them. A (re)started worker waits about 10 s at the end of restoring it:
 that is how faust recognises the end of a changelog written in transactions.
 
 Why transactions. A restarted worker must neither lose a group nor emit one twice. Faust's own
@@ -27,9 +28,9 @@ between two records. Steps, per input record:
 3. Send the records with the transactional id of the input partition, then ack the record.
 4. Release the lock. Faust's next commit (every ``COMMIT_INTERVAL_S``) first writes the table's
    net changes since the last commit (``PendingTable.flush``: a group completed in between is
-   never written), then adds the acked offsets to each partition's transaction and commits it:
-   outputs, state and input offsets become visible together, or - after a crash - not at all,
-   and the records are processed again.
+   never written; an operator's state when it changed), then adds the acked offsets to each
+   partition's transaction and commits it: outputs, state and input offsets become visible
+   together, or - after a crash - not at all, and the records are processed again.
 
 Readers see the outputs once the transaction commits, if they read committed records: the Kafka
 log's consumers do (librdkafka's default ``isolation.level``). Metrics go through the component's
@@ -65,6 +66,7 @@ from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError, WeightFollowerError
 from astraflow.log import Consumer, Message, TopicPartition
 from astraflow.metric_names import STREAM_FAUST_SKIPPED_RECORDS
+from astraflow.schemas.records import Trajectory
 from astraflow.streams.faust_consumer import (
     CommitStalled,
     Outbox,
@@ -74,7 +76,8 @@ from astraflow.streams.faust_consumer import (
 )
 from astraflow.streams.faust_table import PendingTable
 from astraflow.streams.operators import GroupBuffer
-from astraflow.streams.pending import read_records, start_offset
+from astraflow.streams.pending import read_records, read_trajectories, start_offset
+from astraflow.streams.pipeline import Pipeline, build_pipeline
 from astraflow.streams.processing import GroupProcessor
 from astraflow.weights.follow import WeightFollower, follow_weights
 
@@ -120,6 +123,8 @@ class FaustStreamProcessor(GroupProcessor):
         self.source = ctx.topics.trajectories(policy)
         self.app_id = f"{ctx.config.run}.stream.{policy}"
         self.buffers: dict[int, GroupBuffer] = {}
+        self.pipelines: dict[int, Pipeline] = {}
+        """Each assigned input partition's own pipeline, whose stateful operators' state the table keeps."""
         self.next_offsets: dict[int, int] = {}
         """The next offset of each assigned input partition that the agent has to process."""
         self.recovered = 0
@@ -228,7 +233,11 @@ class FaustStreamProcessor(GroupProcessor):
         topic = app.topic(self.source, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
         async def flush_table() -> None:
-            """Write the table's changes since the last commit, each in its partition's transaction."""
+            """Write the table's changes since the last commit, each in its partition's transaction:
+            half-filled groups, and the state of each partition's stateful operators."""
+            for partition, pipeline in self.pipelines.items():
+                for index, operator in pipeline.stateful():
+                    self.table.put_state(partition, index, operator.name, operator.state_dict())
             self.table.flush()
             await self._send_outbox(app)
 
@@ -264,6 +273,7 @@ class FaustStreamProcessor(GroupProcessor):
             for tp in revoked:
                 if tp.topic == self.source:
                     self.buffers.pop(tp.partition, None)
+                    self.pipelines.pop(tp.partition, None)
                     self.next_offsets.pop(tp.partition, None)
                     self.table.forget(tp.partition)
 
@@ -285,6 +295,7 @@ class FaustStreamProcessor(GroupProcessor):
             offsets = self.table.offsets(partition)
             records = await loop.run_in_executor(None, read_records, self.ctx.log, self.source, partition, offsets)
             buffer = self.buffers[partition] = self.table.restore(partition, records, self.ctx.codec)
+            self.pipelines[partition] = await loop.run_in_executor(None, self._restore_pipeline, partition)
             self.next_offsets[partition] = await loop.run_in_executor(
                 None, start_offset, self.ctx.log, self.app_id, self.source, partition
             )
@@ -341,6 +352,19 @@ class FaustStreamProcessor(GroupProcessor):
             self._handle(message, version, buffer)
         app.consumer.ack_offsets(tp, range(start, end))
 
+    def _restore_pipeline(self, partition: int) -> Pipeline:
+        """A pipeline for ``partition`` whose stateful operators hold the state the table kept for it."""
+        pipeline = build_pipeline(self.ctx.config.stream)
+        for index, operator in pipeline.stateful():
+            saved = self.table.operator_state(partition, index, operator.name)
+            if saved is not None:
+                operator.load_state_dict(saved, self._lookup)
+        return pipeline
+
+    def _lookup(self, positions: list[tuple[int, int]]) -> list[Trajectory | None]:
+        """The trajectories at these positions of the input topic (``operators.TrajectoryLookup``)."""
+        return read_trajectories(self.ctx.log, self.source, self.ctx.codec, positions)
+
     def _read_gap(self, partition: int, start: int, end: int) -> list[Message]:
         """The records of a gap, through one reader kept open: the common gap is one transaction's commit
         marker (an offset no record stands for) after every producer transaction, a few a version, and a
@@ -352,6 +376,7 @@ class FaustStreamProcessor(GroupProcessor):
     def _handle(self, message: Message, version: int, buffer: GroupBuffer) -> None:
         """Steps 1-4 of ``streams.processing`` for one record, into the outbox, with its table writes."""
         partition = message.partition
+        self.pipeline = self.pipelines[partition]  # the pipeline ``GroupProcessor`` runs groups through
         arrival = self._admit(message)
         before = self.table.entries(buffer, partition, arrival.group_id)
         duplicates = buffer.duplicates

@@ -19,7 +19,13 @@ ASCII unit separator, which ids never contain), so a partition's entries are fou
 
 - kind ``m``: a trajectory; the value is the offset of its record in the input partition;
 - kind ``f``: a dead-lettered member (trajectory id, or partition@offset for bytes that did not
-  decode); the value is the group size it announced (0: unknown).
+  decode); the value is the group size it announced (0: unknown);
+- kind ``o``: the ``state_dict`` of the stateful operator at ``{index}`` (in place of the group id)
+  of the partition's pipeline, ``{name}`` in place of the member: reward statistics, the
+  REINFORCE++ window, a replay buffer with its credit and random generator, an ordering's held
+  groups. Written by ``put_state`` at each commit when it changed, never deleted, and loaded when
+  the partition is (re)assigned (``operator_state``), as the native runtime does with its
+  changelog's ``operator␟{index}␟{name}`` keys.
 
 A member entry points at its record instead of holding its bytes (``streams.pending`` says why),
 and a buffer is rebuilt by reading those records again (``pending.read_records``); one that
@@ -45,7 +51,7 @@ from astraflow.streams.operators import GroupBuffer
 logger = logging.getLogger(__name__)
 
 SEPARATOR = b"\x1f"
-MEMBER, FAILED = b"m", b"f"
+MEMBER, FAILED, OPERATOR = b"m", b"f", b"o"
 
 ChangelogWrite = Callable[[bytes, bytes | None, int], None]
 """Writes one changelog record: key, value (``None``: delete), partition."""
@@ -107,6 +113,18 @@ class PendingTable:
         self.unsent.clear()
         return count
 
+    def put_state(self, partition: int, index: int, name: str, state: bytes) -> None:
+        """Keep the state of operator ``index`` (``name``) of ``partition``'s pipeline for the next
+        ``flush``, unless the table holds it already."""
+        key = entry_key(partition, OPERATOR, str(index), name)
+        if self.data.get(key) != state:
+            self.data[key] = state
+            self.unsent.setdefault(partition, {})[key] = state
+
+    def operator_state(self, partition: int, index: int, name: str) -> bytes | None:
+        """The state ``put_state`` last kept for that operator (restored from the changelog after a restart)."""
+        return self.data.get(entry_key(partition, OPERATOR, str(index), name))
+
     def forget(self, partition: int) -> None:
         """Drop what this table knows of ``partition`` beyond its store (the partition was revoked)."""
         self.unsent.pop(partition, None)
@@ -120,7 +138,8 @@ class PendingTable:
         for key, value in list(self.data.items()):
             if key.startswith(prefix):
                 _, kind, group_id, member = key.decode().split(SEPARATOR.decode(), 3)
-                entries[(kind, group_id, member)] = int(value)
+                if kind != OPERATOR.decode():
+                    entries[(kind, group_id, member)] = int(value)
         return entries
 
     def offsets(self, partition: int) -> list[int]:

@@ -114,9 +114,7 @@ class PartitionState:
 
     def stateful(self) -> list[tuple[int, StatefulOperator]]:
         """The pipeline's stateful operators, with their index among all its operators."""
-        pipeline = self.pipeline
-        operators = [*pipeline.operators, *pipeline.mixers, *([pipeline.ordering] if pipeline.ordering else [])]
-        return [(index, operator) for index, operator in enumerate(operators) if isinstance(operator, StatefulOperator)]
+        return self.pipeline.stateful()
 
     def close(self) -> None:
         for offline in self.offline:

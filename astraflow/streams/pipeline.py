@@ -20,7 +20,15 @@ from astraflow.config import StreamConfig
 from astraflow.config.pipeline import StalenessSpec
 from astraflow.streams import advantage, filters, mixing, ordering
 from astraflow.streams.mixing import OfflineMixer
-from astraflow.streams.operators import OPERATORS, Group, GroupOperator, Mixer, Ordering, run_pipeline
+from astraflow.streams.operators import (
+    OPERATORS,
+    Group,
+    GroupOperator,
+    Mixer,
+    Ordering,
+    StatefulOperator,
+    run_pipeline,
+)
 
 OPERATOR_MODULES = (filters, advantage, mixing, ordering)
 """Importing these modules fills ``OPERATORS``: each class there is ``@register``-ed under its YAML name."""
@@ -36,6 +44,12 @@ class Pipeline:
     def process(self, group: Group, trainer_version: int) -> str | None:
         """Run the group operators; ``None`` when the group is accepted, else why it was dropped."""
         return run_pipeline(self.operators, group, trainer_version)
+
+    def stateful(self) -> list[tuple[int, StatefulOperator]]:
+        """The stateful operators, with their index among all the operators (group operators, then
+        mixers, then the ordering): what a runtime saves with its commits and restores."""
+        operators = [*self.operators, *self.mixers, *([self.ordering] if self.ordering else [])]
+        return [(index, operator) for index, operator in enumerate(operators) if isinstance(operator, StatefulOperator)]
 
     @property
     def offline(self) -> list[OfflineMixer]:

@@ -16,6 +16,8 @@
    assignment) are read from the log and handled in their place: no group is lost, none is
    emitted twice, and every offset is committed. This worker runs in the test's process, so
    that its stream can leave records out.
+5. A faust worker stopped halfway through a stateful pipeline (reward normalisation, REINFORCE++,
+   replay, fifo) and started again emits exactly the samples of one that ran throughout.
 """
 
 from __future__ import annotations
@@ -513,3 +515,51 @@ def test_faust_commits_a_handled_batch_without_waiting_for_its_timer(
     assert worker.error is None
     emitted = {s.sample_id for s in run.read(run.topics.samples("main"), TrainSample)}
     assert emitted == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+
+
+STATEFUL = [
+    {"op": "staleness"},
+    {"op": "reward_norm"},
+    {"op": "reinforce_pp", "window": 6},
+    {"op": "zero_variance"},
+    {"op": "replay", "ratio": 0.5, "capacity": 3, "selector": "uniform", "seed": 7},
+    {"op": "fifo"},
+]
+
+
+def test_a_restarted_faust_worker_keeps_its_operators_state(make_run: Callable[[str], Run]) -> None:
+    """Reward statistics, the REINFORCE++ window and the replay buffer (with its random generator)
+    go with each commit into the worker's table, per input partition, and come back with it: a worker
+    stopped after half the groups and started again emits the samples of one that ran throughout.
+    Before, they lived in the worker's memory: its restart began from fresh statistics and an empty
+    replay buffer."""
+    groups = 24
+    members = [
+        (f"s{g}".encode(), CODEC.encode(trajectory(f"s{g}", i, 1.0 if g == 5 else float((3 * g + 5 * i) % 7))))
+        for g in range(groups)
+        for i in range(GROUP)
+    ]
+    half = len(members) // 2 + 2  # the group at the cut is split across the restart
+    outputs = []
+    for name, restart in [("whole", False), ("restarted", True)]:
+        run = make_run(name)
+        config = yaml.safe_load(run.config.read_text())
+        config["stream"] = {"max_staleness": 1000, "pipeline": STATEFUL}
+        run.config.write_text(yaml.safe_dump(config))
+        run.produce(members[:half] if restart else members)
+        processor = run.stream("--runtime", "faust")
+        if restart:
+            first = half // GROUP
+            wait_for(
+                lambda: len(run.read(run.topics.feedback(), PromptStats)) >= first, 120, "the first half", processor
+            )
+            stop(processor)
+            run.produce(members[half:])
+            processor = run.stream("--runtime", "faust")
+        wait_for(lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 120, "every group", processor)
+        stop(processor)
+        outputs.append(Counter(sample_key(s) for s in run.read(run.topics.samples("main"), TrainSample)))
+    whole, restarted = outputs
+    assert any(key[3] for key in whole)  # replayed copies
+    assert len({key[1] for key in whole}) > 4  # normalised advantages, not a handful of values
+    assert restarted == whole

@@ -82,6 +82,27 @@ def test_entries_are_written_at_a_flush_and_deleted_with_their_group() -> None:
     assert table.flush() == 0  # nothing changed since
 
 
+def test_an_operators_state_is_written_when_it_changed_and_kept_apart_from_the_groups() -> None:
+    data, changelog = {}, []
+    table, buffer = (
+        PendingTable(data, lambda key, value, partition: changelog.append((key, value, partition))),
+        GroupBuffer(),
+    )
+    assert arrive(table, buffer, *member("a", 0)) is None
+    table.put_state(1, 2, "reward_norm", b"\x00stats")
+    assert table.flush() == 2
+    assert (entry_key(1, b"o", "2", "reward_norm"), b"\x00stats", 1) in changelog
+    table.put_state(1, 2, "reward_norm", b"\x00stats")  # unchanged: not written again
+    assert table.flush() == 0
+    table.put_state(1, 2, "reward_norm", b"\x00newer")
+    assert table.flush() == 1 and changelog[-1] == (entry_key(1, b"o", "2", "reward_norm"), b"\x00newer", 1)
+    assert (
+        table.operator_state(1, 2, "reward_norm") == b"\x00newer" and table.operator_state(0, 2, "reward_norm") is None
+    )
+    table.put_state(0, 2, "reward_norm", b"\x00partition 0")  # the same partition as the half-filled group
+    assert table.members(0) == {("m", "a", "a/0"): 0} and table.offsets(0) == [0]
+
+
 def test_a_group_completed_between_two_flushes_never_reaches_the_changelog() -> None:
     data, changelog = {}, []
     table, buffer = PendingTable(data, lambda key, value, partition: changelog.append((key, value))), GroupBuffer()
