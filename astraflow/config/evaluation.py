@@ -19,8 +19,8 @@ class EvalConfig(Section):
     (
         "When the run stops, each policy's evaluator scores the newest version once more if it had not "
         "(``every_versions`` or a version published during the last evaluation can leave it unscored), "
-        "so the run's last evaluation is of the weights it ends with; the launcher stops the evaluators "
-        "last for it."
+        "so the run's last evaluation is of the weights it ends with, and the system evaluator the newest "
+        "version pair; the launcher stops the evaluators last for it."
     )
     threads: int = Field(default=1, ge=1, le=256)
     """torch intra-op threads of the evaluator process."""

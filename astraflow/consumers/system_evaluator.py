@@ -8,14 +8,17 @@ group, like the per-policy evaluator) and scores each new version pair with
 with ``versions`` (``name=version,name=version``). The base pair is scored first, rounded to each
 policy's ``weights.transfer_dtype`` as the evaluator rounds its base (``evaluator.py``). A pair is
 scored again once either policy moved ``eval.every_versions`` past the last scored pair; versions
-in between are skipped, never queued.
+in between are skipped, never queued. With ``eval.final`` (the default) the pair a run ends with is
+scored when the evaluator stops, if it was not already.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from astraflow.consumers.evaluator import FINAL_WAIT_S, SETTLE_S
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError
 from astraflow.metric_names import eval_system
@@ -102,16 +105,42 @@ class SystemEvaluator:
                         self.models[policy].load_state_dict(state)
                         moved = True
                 if moved and self.due():
-                    try:
-                        self.evaluate()
-                    except Exception as exc:  # one set of versions that cannot be scored never stops the evaluator
-                        logger.exception("system evaluation of versions %s failed", self.versions)
-                        reason = f"system evaluation of versions {self.versions} failed: {type(exc).__name__}: {exc}"
-                        self.ctx.dead_letter(None, reason, exc)
-                        self.ctx.producer.flush()
+                    self._evaluate_or_dead_letter()
                 elif not moved:
                     first = next(iter(followers))
                     followers[first].wait_for(self.versions[first] + 1, timeout=0.5)
+            if self.ctx.config.eval.final:
+                self._final(followers)
         finally:
             for follower in followers.values():
                 follower.close()
+
+    def _evaluate_or_dead_letter(self) -> None:
+        try:
+            self.evaluate()
+        except Exception as exc:  # one set of versions that cannot be scored never stops the evaluator
+            logger.exception("system evaluation of versions %s failed", self.versions)
+            reason = f"system evaluation of versions {self.versions} failed: {type(exc).__name__}: {exc}"
+            self.ctx.dead_letter(None, reason, exc)
+            self.ctx.producer.flush()
+
+    def _final(self, followers: dict) -> None:
+        """On a stop, score the pair the run ends with if it was not, as the per-policy evaluator
+        does with its newest version (``evaluator.Evaluator._final``): the launcher stops the
+        trainers first, so each follower takes in what is left on its weights topic (until nothing
+        new came for ``SETTLE_S`` and every announced version is in, at most ``FINAL_WAIT_S`` in
+        all), and the newest version of each policy is loaded before the last evaluation."""
+        deadline = time.monotonic() + FINAL_WAIT_S
+        for policy, follower in followers.items():
+            while time.monotonic() < deadline:
+                seen = follower.newest_version
+                follower.wait_for(seen + 1, timeout=SETTLE_S)
+                if follower.newest_version == seen and follower.latest_version >= seen:
+                    break
+            pending = follower.take()
+            if pending is not None:
+                self.versions[policy], state = pending
+                self.models[policy].load_state_dict(state)
+        if self.scored != self.versions:
+            logger.info("stopping: a final system evaluation of versions %s", self.versions)
+            self._evaluate_or_dead_letter()

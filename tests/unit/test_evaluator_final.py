@@ -80,3 +80,44 @@ def test_the_base_is_scored_as_the_weights_topic_would_carry_it(monkeypatch: pyt
     base = 1.0 + 2.0**-10
     assert scored_versions([1], every=1, final=True, monkeypatch=monkeypatch, base=base)[0] == 1.0
     assert scored_versions([1], every=1, final=True, monkeypatch=monkeypatch, base=base, transfer="fp32")[0] == base
+
+
+def system_scored_pairs(
+    solver: list[int], verifier: list[int], every: int, final: bool, monkeypatch: pytest.MonkeyPatch
+) -> list[dict[str, int]]:
+    """The version pairs the system evaluator scores when the two weights topics carry these versions."""
+    from astraflow.consumers import system_evaluator as system_module
+    from astraflow.consumers.system_evaluator import SystemEvaluator
+
+    scored: list[dict[str, int]] = []
+    stop = threading.Event()
+    followers = {"solver": ScriptedFollower(solver, stop), "verifier": ScriptedFollower(verifier, threading.Event())}
+    ctx = SimpleNamespace(
+        config=SimpleNamespace(eval=SimpleNamespace(every_versions=every, final=final)),
+        producer=SimpleNamespace(flush=lambda: None),
+    )
+    evaluator = SystemEvaluator.__new__(SystemEvaluator)  # everything but the model loading of __init__
+    evaluator.ctx, evaluator.scored = ctx, None
+    evaluator.models = {"solver": torch.nn.Linear(1, 1), "verifier": torch.nn.Linear(1, 1)}
+    evaluator.versions = {"solver": 0, "verifier": 0}
+
+    def evaluate() -> None:  # records the pair and the weights it was scored with
+        weights = {policy: int(model.weight.item()) for policy, model in evaluator.models.items()}
+        assert weights == {policy: version for policy, version in evaluator.versions.items()} or not scored
+        scored.append(dict(evaluator.versions))
+        evaluator.scored = dict(evaluator.versions)
+
+    evaluator.evaluate = evaluate
+    monkeypatch.setattr(system_module, "follow_weights", lambda ctx, policy, payload: followers[policy])
+    evaluator.run(stop)
+    return scored
+
+
+def test_the_system_evaluator_scores_the_pair_a_run_ends_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    pairs = system_scored_pairs([1, 2, 3, 4, 5, 6, 7], [1, 2, 3], every=5, final=True, monkeypatch=monkeypatch)
+    assert pairs[0] == {"solver": 0, "verifier": 0} and pairs[-1] == {"solver": 7, "verifier": 3}
+    assert len(pairs) == 3  # the base, the pair where the solver reached 5, and the last one
+    off = system_scored_pairs([1, 2, 3, 4, 5, 6, 7], [1, 2, 3], every=5, final=False, monkeypatch=monkeypatch)
+    assert off[-1] != {"solver": 7, "verifier": 3} and len(off) == 2
+    done = system_scored_pairs([1, 2, 3, 4, 5], [1], every=5, final=True, monkeypatch=monkeypatch)
+    assert done == [{"solver": 0, "verifier": 0}, {"solver": 5, "verifier": 1}]  # the last pair was scored: not again
