@@ -11,8 +11,8 @@ raw bytes: the project's Avro codec decodes and encodes them (``streams.processi
 the native runtime). Half-filled groups, and the state of the stateful operators of each input
 partition's own pipeline (reward statistics, a replay buffer...), live in the faust table
 ``pending`` (``faust_table``), whose changelog topic ``{app id}-pending-changelog`` lets a
-restarted or rebalanced worker resume them. A (re)started worker waits about 10 s at the end of restoring it:
-that is how faust recognises the end of a changelog written in transactions.
+restarted or rebalanced worker resume them. A (re)started worker waits about 10 s at the end of
+restoring it: that is how faust recognises the end of a changelog written in transactions.
 
 Why transactions. A restarted worker must neither lose a group nor emit one twice. Faust's own
 commit runs on a timer, concurrently with the agent, and faust's ``exactly_once`` mode only puts
