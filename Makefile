@@ -3,8 +3,11 @@
 
 # The main job: a small RL run on the embedded log that visibly learns (~10 min on 2 cores).
 # The monitor extra writes its TensorBoard events and serves `astraflow metrics serve`.
+# Each demo is a new run: a run directory resumes its run (a finished one would stop at once), so
+# the previous demo moves to runs/demo.previous.
 demo:
 	scripts/setup.sh monitor
+	rm -rf runs/demo.previous && if [ -d runs/demo ]; then mv runs/demo runs/demo.previous; fi
 	.venv/bin/astraflow run examples/math/config.yaml --run-dir runs/demo
 
 # Lint (ruff, import-linter's layer contracts), then the test suite; it starts a real Apache Kafka
