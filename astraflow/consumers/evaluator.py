@@ -40,6 +40,16 @@ FINAL_WAIT_S = 30.0
 """On a stop, the longest wait for the follower to take in the versions still on the topic."""
 
 
+def settle(follower, deadline: float) -> None:
+    """On a stop, let ``follower`` take in what is left on its weights topic: until nothing new came
+    for ``SETTLE_S`` and every announced version is in, or until ``deadline`` (``time.monotonic``)."""
+    while time.monotonic() < deadline:
+        seen = follower.newest_version
+        follower.wait_for(seen + 1, timeout=SETTLE_S)
+        if follower.newest_version == seen and follower.latest_version >= seen:
+            return
+
+
 class Evaluator:
     """Scores weight versions of one policy on the held-out split."""
 
@@ -126,12 +136,7 @@ class Evaluator:
         ``SETTLE_S`` and every announced version is in, at most ``FINAL_WAIT_S``) and the run's last
         evaluation is of the weights it ends with: the newest version on the topic, or else the newest
         one taken in before the stop and skipped as not due."""
-        deadline = time.monotonic() + FINAL_WAIT_S
-        while time.monotonic() < deadline:
-            seen = follower.newest_version
-            follower.wait_for(seen + 1, timeout=SETTLE_S)
-            if follower.newest_version == seen and follower.latest_version >= seen:
-                break
+        settle(follower, time.monotonic() + FINAL_WAIT_S)
         pending = follower.take() or self.unscored
         if pending is not None and pending[0] > self.last_evaluated:
             logger.info("stopping: a final evaluation of version %d", pending[0])

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 
-from astraflow.consumers.evaluator import FINAL_WAIT_S, SETTLE_S
+from astraflow.consumers.evaluator import FINAL_WAIT_S, settle
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError
 from astraflow.metric_names import eval_system
@@ -132,11 +132,7 @@ class SystemEvaluator:
         all), and the newest version of each policy is loaded before the last evaluation."""
         deadline = time.monotonic() + FINAL_WAIT_S
         for policy, follower in followers.items():
-            while time.monotonic() < deadline:
-                seen = follower.newest_version
-                follower.wait_for(seen + 1, timeout=SETTLE_S)
-                if follower.newest_version == seen and follower.latest_version >= seen:
-                    break
+            settle(follower, deadline)
             pending = follower.take()
             if pending is not None:
                 self.versions[policy], state = pending

@@ -43,6 +43,7 @@ from astraflow.log import Log, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
 from astraflow.topics import RunTopics
+from tests.integration.test_native_exactly_once import STATEFUL
 
 pytestmark = pytest.mark.kafka
 GROUP = 4
@@ -515,16 +516,6 @@ def test_faust_commits_a_handled_batch_without_waiting_for_its_timer(
     assert worker.error is None
     emitted = {s.sample_id for s in run.read(run.topics.samples("main"), TrainSample)}
     assert emitted == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
-
-
-STATEFUL = [
-    {"op": "staleness"},
-    {"op": "reward_norm"},
-    {"op": "reinforce_pp", "window": 6},
-    {"op": "zero_variance"},
-    {"op": "replay", "ratio": 0.5, "capacity": 3, "selector": "uniform", "seed": 7},
-    {"op": "fifo"},
-]
 
 
 def test_a_restarted_faust_worker_keeps_its_operators_state(make_run: Callable[[str], Run]) -> None:
