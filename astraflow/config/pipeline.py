@@ -120,6 +120,18 @@ class SftSpec(_Spec):
     """Responses whose producer reward is at least this are imitated (advantage 1); the rest get 0."""
 
 
+class GigpoSpec(_Spec):
+    op: Literal["gigpo"] = "gigpo"
+    """Step-level advantage (GiGPO) for multi-turn episodes: each policy turn also gets the standardised return of
+    its turn among the group's turns that answered the same observation; after the advantage operator."""
+    weight: float = Field(default=1.0, gt=0.0, le=10.0)
+    """ω: the step advantage's weight beside the episode advantage."""
+    gamma: float = Field(default=0.95, gt=0.0, le=1.0)
+    """Discount per policy turn of the episode's final reward (a turn nearer a win returns more)."""
+    eps: float = Field(default=1e-6, gt=0.0, le=1.0)
+    """Added to a step group's standard deviation before dividing."""
+
+
 class RewardNormSpec(_Spec):
     op: Literal["reward_norm"] = "reward_norm"
     """Rewrite rewards to (r − running mean) / running std; put it before the advantage."""
@@ -181,6 +193,7 @@ OperatorSpec = Annotated[
         RlooSpec,
         ReinforcePPSpec,
         SftSpec,
+        GigpoSpec,
         RewardNormSpec,
         ReplaySpec,
         OfflineSpec,
@@ -205,6 +218,8 @@ def check_pipeline(specs: list) -> None:
         )
     if "reward_norm" in names and names.index("reward_norm") > names.index(advantages[0]):
         raise ValueError(f"reward_norm must come before {advantages[0]} (it rescales the rewards the advantage reads)")
+    if "gigpo" in names and names.index("gigpo") < names.index(advantages[0]):
+        raise ValueError(f"gigpo must come after {advantages[0]} (it adds to the episode advantages)")
     rank = {"group": 0, "mixer": 1, "ordering": 2}
     ranks = [rank[spec.stage] for spec in specs]
     if ranks != sorted(ranks):

@@ -338,6 +338,11 @@ class Trainer:
             return problem
         if not abs(sample.advantage) <= FLOAT32_MAX:
             return f"advantage: {sample.advantage!r} is not a finite float32"
+        tokens = sample.token_advantages
+        if len(tokens) and len(tokens) != len(sample.trajectory.response_ids):
+            return f"token_advantages: {len(tokens)} values for {len(sample.trajectory.response_ids)} response tokens"
+        if len(tokens) and not np.isfinite(tokens).all():
+            return "token_advantages: not all finite"
         group_size = self.ctx.config.rollout.group_size
         if not sample.replayed and sample.trajectory.group_size != group_size:
             return f"group_size: {sample.trajectory.group_size}, but the policy's rollout.group_size is {group_size}"
@@ -445,7 +450,7 @@ class Trainer:
                 s.trajectory.response_ids,
                 s.trajectory.behaviour_logprobs,
                 s.trajectory.loss_mask,
-                s.advantage,
+                s.token_advantages if len(s.token_advantages) else s.advantage,
             )
             for s in batch
         ]

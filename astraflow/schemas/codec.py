@@ -75,7 +75,9 @@ def _pack(dtype: np.dtype, value: Any) -> bytes:
     return array.tobytes()
 
 
-def _unpack(dtype: np.dtype, value: bytes) -> np.ndarray:
+def _unpack(dtype: np.dtype, value: bytes | str) -> np.ndarray:
+    if isinstance(value, str):  # a field's schema default, read from a record written before the field existed:
+        value = value.encode("latin-1")  # Avro writes a bytes default as a string of code points 0-255
     if len(value) % dtype.itemsize:
         raise SchemaError(f"{len(value)} bytes is not a whole number of {dtype.name} items")
     return np.frombuffer(value, dtype=dtype).copy()

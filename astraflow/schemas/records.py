@@ -97,6 +97,8 @@ class TrainSample:
     operators: list[str] = field(default_factory=list)
     replayed: bool = False
     created_ms: int = 0
+    token_advantages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    """[R] float32 or empty: one advantage per response token, used instead of ``advantage`` when given."""
 
 
 @dataclass

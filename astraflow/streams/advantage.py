@@ -21,6 +21,17 @@ advantage is broadcast to its tokens by the trainer.
   batch with advantage 0 (filters drop whole groups, never single responses), so they add nothing
   to the gradient but count in the ``token-mean`` denominator; put ``reward_range`` before it to
   drop groups with no rewarded response at all.
+- GiGPO's step-level advantage (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent
+  Training"), for multi-turn episodes whose members share one environment (a group plays one task):
+  each policy turn's anchor state is the observation it answers (the prompt for the first turn, else
+  the environment's or tool's tokens since the previous policy turn); the turns of the group that
+  answer the same observation form a step group; a turn's return is γ^(K − 1 − k) r for turn k of
+  an episode of K policy turns and reward r (the reward comes at the end); its step advantage is its
+  return standardised within its step group (0 in a step group of one, or of equal returns). The
+  turn's tokens get the episode's advantage (from the advantage operator before it) plus ω times
+  its step advantage. Where the episode-level advantage credits a whole episode, this one credits
+  the turn that made the difference: of the turns that saw the same room, the ones whose episodes
+  went on to win sooner.
 - Reward normalisation: r ← (r − μ) / (σ + eps) with μ, σ the running mean and population std of
   every reward seen so far (Chan et al.'s parallel update, O(1) memory).
 
@@ -40,6 +51,7 @@ from collections import deque
 
 import numpy as np
 
+from astraflow.schemas.records import Trajectory, Turn
 from astraflow.streams.operators import Group, TrajectoryLookup, register
 
 
@@ -151,6 +163,68 @@ class ReinforcePPAdvantage:
 
     def load_state_dict(self, state: bytes, lookup: TrajectoryLookup) -> None:
         self._recent = deque(json.loads(state)["recent"], maxlen=self._recent.maxlen)
+
+
+def anchor_states(trajectory: Trajectory) -> list[tuple[Turn, bytes]]:
+    """Each policy turn of ``trajectory`` with the observation it answers, as bytes (GiGPO's anchor
+    state): the prompt's tokens for a turn that opens the response, else the tokens between the previous
+    policy turn and this one (what the environment or tool said)."""
+    anchors, after = [], 0  # after: where the previous policy turn ended
+    for turn in trajectory.turns:
+        if turn.role != "policy":
+            continue
+        observed = trajectory.prompt_ids if turn.start == 0 else trajectory.response_ids[after : turn.start]
+        anchors.append((turn, np.ascontiguousarray(observed, dtype=np.int32).tobytes()))
+        after = turn.end
+    return anchors
+
+
+def gigpo_token_advantages(
+    trajectories: list[Trajectory],
+    rewards: np.ndarray,
+    episode_advantages: np.ndarray,
+    weight: float,
+    gamma: float,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """GiGPO's advantages of one group: for each member, [R] float32, its episode advantage on every token
+    plus ``weight`` times each policy turn's step advantage on that turn's tokens (see the module docstring)."""
+    values = _checked(rewards)
+    anchored = [anchor_states(trajectory) for trajectory in trajectories]
+    returns: dict[bytes, list[float]] = {}  # anchor state -> returns of the turns that answered it
+    for anchors, reward in zip(anchored, values.tolist(), strict=True):
+        for k, (_, state) in enumerate(anchors):
+            returns.setdefault(state, []).append(gamma ** (len(anchors) - 1 - k) * reward)
+    stats = {state: mean_std(seen, ddof=1) for state, seen in returns.items() if len(seen) > 1}
+    out = []
+    for trajectory, anchors, reward, episode in zip(trajectories, anchored, values.tolist(), episode_advantages):
+        tokens = np.full(len(trajectory.response_ids), float(episode), dtype=np.float32)
+        for k, (turn, state) in enumerate(anchors):
+            if state in stats:
+                mean, std = stats[state]
+                step = (gamma ** (len(anchors) - 1 - k) * reward - mean) / (std + eps)
+                tokens[turn.start : turn.end] += np.float32(weight * step)
+        out.append(tokens)
+    return out
+
+
+@register
+class GigpoStepAdvantage:
+    """GiGPO: adds to each policy turn the advantage of its return among the group's turns that saw the same
+    observation. Comes after the advantage operator, whose episode advantages it builds on."""
+
+    name = "gigpo"
+
+    def __init__(self, weight: float = 1.0, gamma: float = 0.95, eps: float = 1e-6) -> None:
+        self.weight, self.gamma, self.eps = weight, gamma, eps
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        if group.advantages is None:
+            raise ValueError("gigpo needs the episode advantages of an advantage operator before it")
+        group.token_advantages = gigpo_token_advantages(
+            group.trajectories, group.rewards, group.advantages, self.weight, self.gamma, self.eps
+        )
+        return None
 
 
 def sft_advantages(rewards: np.ndarray, min_reward: float) -> np.ndarray:

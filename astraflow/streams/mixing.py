@@ -43,10 +43,12 @@ logger = logging.getLogger(__name__)
 def saved_group(group: Group, **extra: object) -> dict:
     """A group as a mixer's state keeps it: its members by position, and what the operators computed."""
     advantages = None if group.advantages is None else group.advantages.tolist()
+    tokens = None if group.token_advantages is None else [a.tolist() for a in group.token_advantages]
     return {
         "group": group.group_id,
         "positions": group.positions,
         "advantages": advantages,
+        "token_advantages": tokens,
         "operators": group.operators,
         **extra,
     }
@@ -62,8 +64,20 @@ def restored_groups(entries: list[dict], lookup: TrajectoryLookup, owner: str) -
             logger.warning("%s: group %s left out, its records are gone", owner, entry["group"])
             continue
         advantages = None if entry["advantages"] is None else np.asarray(entry["advantages"], dtype=np.float32)
+        saved = entry.get("token_advantages")  # absent from states saved before step-level advantages
+        tokens = None if saved is None else [np.asarray(a, dtype=np.float32) for a in saved]
         positions = [(p, o) for p, o in entry["positions"]]
-        yield entry, Group(entry["group"], members, advantages, list(entry["operators"]), positions=positions)
+        yield (
+            entry,
+            Group(
+                entry["group"],
+                members,
+                advantages,
+                list(entry["operators"]),
+                positions=positions,
+                token_advantages=tokens,
+            ),
+        )
 
 
 @register

@@ -45,6 +45,7 @@ class Group:
     failed: list[str] = field(default_factory=list)  # members that were dead-lettered: the group is incomplete
     positions: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) of each trajectory's record
     expired: bool = False  # completed by ``stream.group_timeout_s``, not by its last member: incomplete
+    token_advantages: list[np.ndarray] | None = None  # G x [R_i] float32 (step-level operators), else None
     rewards: np.ndarray = field(init=False)  # [G] float64, rewritten by reward normalisation
 
     def __post_init__(self) -> None:

@@ -239,6 +239,12 @@ class GroupProcessor:
         if reason is None and group.advantages is not None and not np.isfinite(group.advantages).all():
             reason = f"invalid: non-finite advantages {group.advantages.tolist()}"
             self._dead_letter_members(group, f"advantage: {reason}")
+        if reason is None and group.token_advantages is not None:
+            members = zip(group.trajectories, group.token_advantages, strict=True)
+            broken = [trajectory.trajectory_id for trajectory, tokens in members if not np.isfinite(tokens).all()]
+            if broken:
+                reason = f"invalid: non-finite token advantages of {', '.join(broken[:3])}"
+                self._dead_letter_members(group, f"advantage: {reason}")
         return reason
 
     def _count_drop(self, kind: str, version: int, count: int = 1) -> None:
@@ -272,6 +278,7 @@ class GroupProcessor:
     def _samples(self, group: Group) -> list[bytes]:
         """The encoded TrainSamples of ``group``'s members."""
         deadline = group.min_version + self.pipeline.max_staleness
+        per_token = group.token_advantages or [np.zeros(0, dtype=np.float32)] * len(group.trajectories)
         return [
             self.ctx.codec.encode(
                 TrainSample(
@@ -282,9 +289,10 @@ class GroupProcessor:
                     operators=list(group.operators),
                     replayed=group.reused,
                     created_ms=now_ms(),
+                    token_advantages=tokens,
                 )
             )
-            for trajectory, advantage in zip(group.trajectories, group.advantages, strict=True)
+            for trajectory, advantage, tokens in zip(group.trajectories, group.advantages, per_token, strict=True)
         ]
 
     def _send(self, group: Group, samples: list[bytes], version: int) -> None:

@@ -52,7 +52,7 @@ class LossStats:
 def ppo_clip_loss(
     logprobs: torch.Tensor,  # [B, T] log π_θ of the response tokens, with grad
     behaviour_logprobs: torch.Tensor,  # [B, T] log π_b recorded by the engine
-    advantages: torch.Tensor,  # [B] one advantage per sequence
+    advantages: torch.Tensor,  # [B] one advantage per sequence, or [B, T] one per token
     mask: torch.Tensor,  # [B, T] 1 for trained tokens, 0 for padding and tool tokens
     *,
     proximal_logprobs: torch.Tensor | None = None,  # [B, T] log π_old; None: π_θ detached
@@ -69,7 +69,7 @@ def ppo_clip_loss(
     ratio = torch.exp(logprobs - proximal)  # [B, T]
     raw_weight = torch.exp(proximal - behaviour_logprobs)  # [B, T]
     weight = raw_weight.clamp(max=max_is_weight)
-    adv = advantages[:, None].to(logprobs.dtype)  # [B, 1]
+    adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logprobs.dtype)  # [B, 1] or [B, T]
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T]

@@ -34,7 +34,7 @@ class PolicyExample:
     response_ids: np.ndarray  # [R] int32
     behaviour_logprobs: np.ndarray  # [R] float32
     loss_mask: np.ndarray  # [R] uint8
-    advantage: float
+    advantage: float | np.ndarray  # one for every token, or [R] float32: one per token (step-level estimators)
 
     @property
     def length(self) -> int:
@@ -68,7 +68,7 @@ class PolicyBatch:
     response_ids: torch.Tensor  # [B, R] long
     behaviour_logprobs: torch.Tensor  # [B, R] float32
     loss_mask: torch.Tensor  # [B, R] float32, 0 on padding
-    advantages: torch.Tensor  # [B] float32
+    advantages: torch.Tensor  # [B] float32, or [B, R] when any example has one advantage per token
 
 
 def collate(examples: Sequence[PolicyExample], pad_id: int, device: torch.device | str = "cpu") -> PolicyBatch:
@@ -94,8 +94,18 @@ def collate(examples: Sequence[PolicyExample], pad_id: int, device: torch.device
         response_ids=response_ids.to(device),
         behaviour_logprobs=behaviour.to(device),
         loss_mask=loss_mask.to(device),
-        advantages=torch.tensor([example.advantage for example in examples], dtype=torch.float32, device=device),
+        advantages=advantages(examples, real).to(device),
     )
+
+
+def advantages(examples: Sequence[PolicyExample], real: np.ndarray) -> torch.Tensor:
+    """[B] the examples' advantages; [B, R] (0 on padding) when any of them has one per token."""
+    if all(np.ndim(example.advantage) == 0 for example in examples):
+        return torch.tensor([float(example.advantage) for example in examples], dtype=torch.float32)
+    out = np.zeros(real.shape, dtype=np.float32)
+    for row, example in enumerate(examples):
+        out[row, : int(real[row].sum())] = example.advantage  # a float fills the row, an array its tokens
+    return torch.from_numpy(out)
 
 
 def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, temperature: float = 1.0) -> torch.Tensor:

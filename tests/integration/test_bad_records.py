@@ -5,9 +5,10 @@ tiny model, on the embedded log with the native runtime and on a real Kafka brok
 runtime. Before any good data, the test writes:
 
 - to the samples topic, groups with one bad sample each (an advantage of 1e39, which is infinite in
-  float32; a token id outside the vocabulary; a sample longer than the context; a loss mask of 3;
-  a group size of 0, which used to stall batch assembly), one good group, and two groups whose
-  advantage of 3e38 is finite but makes the loss overflow;
+  float32; per-token advantages of the wrong length or not finite; a token id outside the
+  vocabulary; a sample longer than the context; a loss mask of 3; a group size of 0, which used to
+  stall batch assembly), one good group, and two groups whose advantage of 3e38 is finite but
+  makes the loss overflow;
 - to the trajectories topic, groups with one bad trajectory each (a reward of 1e200, which used to
   end the run; a reward of 1e39, an infinite advantage under Dr.GRPO; a bad token id, length, loss
   mask, group size 0 and 9; a token version never published; a record too large to become a
@@ -43,8 +44,8 @@ BATCH = 8
 MAX_POSITIONS = 64
 MiB = 1024 * 1024
 CODEC = Codec()
-VERSIONS = 3 + 4
-"""What the good samples make: 3 batches written to the samples topic, 4 from 8 good trajectory groups."""
+VERSIONS = 4 + 4
+"""What the good samples make: 4 batches written to the samples topic, 4 from 8 good trajectory groups."""
 
 
 def trajectory(group: str, index: int, **changes: object) -> Trajectory:
@@ -87,6 +88,20 @@ BAD_TRAJECTORIES = {
     ),
     "oversize": ({"response_text": "x" * (16 * MiB - 4000)}, "record size: record of"),
 }
+
+
+BAD_SAMPLES = {
+    "advantage-1e39": ({"advantage": 1e39}, "advantage: 1e+39 is not a finite float32"),
+    "token-advantages-length": (
+        {"token_advantages": np.ones(2, dtype=np.float32)},
+        "token_advantages: 2 values for 3 response tokens",
+    ),
+    "token-advantages-nan": (
+        {"token_advantages": np.array([1.0, np.nan, 1.0], dtype=np.float32)},
+        "token_advantages: not all finite",
+    ),
+}
+"""Bad in a sample only: changes to the TrainSample of member 0 (not its trajectory), and the reason."""
 
 
 def sample(group: str, index: int, advantage: float, **changes: object) -> TrainSample:
@@ -189,14 +204,16 @@ def test_bad_records_are_dead_lettered_and_the_run_trains_on(
         pipeline.start("train")
         pipeline.start("stream")
         samples = pipeline.topics.samples("main")
-        trainer_bad = {**BAD_ARRAYS, "advantage-1e39": ({}, "advantage: 1e+39 is not a finite float32")}
+        trainer_bad = {**BAD_ARRAYS, **BAD_SAMPLES}
         for name, (changes, _) in trainer_bad.items():
-            advantage = 1e39 if name == "advantage-1e39" else 1.0
-            bad = sample(f"s-{name}", 0, advantage, **changes)
+            if name in BAD_SAMPLES:
+                bad = dataclasses.replace(sample(f"s-{name}", 0, 1.0), **changes)
+            else:
+                bad = sample(f"s-{name}", 0, 1.0, **changes)
             pipeline.write(samples, [bad] + [sample(f"s-{name}", i, (-1.0) ** i) for i in range(1, GROUP)])
         pipeline.write(samples, [sample("s-good", i, (-1.0) ** i) for i in range(GROUP)])
         overflowing = [sample(f"s-overflow{g}", i, 3e38) for g in range(2) for i in range(GROUP)]
-        pipeline.write(samples, overflowing)  # one batch of its own: 6 groups of 4 came before it
+        pipeline.write(samples, overflowing)  # one batch of its own: 8 groups of 4 came before it
 
         trajectories = pipeline.topics.trajectories("main")
         long_ago = int(time.time() * 1000) - 600_000  # twice stream.group_timeout_s before the records after it

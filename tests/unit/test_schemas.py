@@ -82,7 +82,16 @@ SAMPLES: dict[str, Any] = {
     "RolloutTask": RolloutTask("task-1", "p-1", "grp-1", "math", "1+1?", "2", 4, 0, 1_700_000_000_000, {"split": "a"}),
     "Turn": Turn("policy", 0, 2, 7),
     "Trajectory": trajectory(),
-    "TrainSample": TrainSample("s-1", trajectory(), -0.75, 9, ["staleness", "grpo"], True, 5),
+    "TrainSample": TrainSample(
+        "s-1",
+        trajectory(),
+        -0.75,
+        9,
+        ["staleness", "grpo"],
+        True,
+        5,
+        np.linspace(-1.0, 0.5, len(trajectory().response_ids), dtype=np.float32),
+    ),
     "TensorSpec": TensorSpec("layer.0.weight", "bfloat16", [2, 3], 0, 12),
     "WeightChunk": WeightChunk(
         "solver",
@@ -279,10 +288,12 @@ def test_arrays_of_compatible_dtypes_are_packed(field: str, value: Any, dtype: t
 
 
 def old_schema(name: str) -> dict[str, Any]:
-    """The packaged schema of ``name`` as it was before Trajectory gained ``region`` and ``hardware``."""
+    """The packaged schema of ``name`` as it was before Trajectory gained ``region`` and ``hardware`` (and
+    TrainSample ``token_advantages``)."""
     schema = json.loads(packaged_schemas()[f"astraflow.{name}"].text)
     record = schema if name == "Trajectory" else next(f["type"] for f in schema["fields"] if f["name"] == "trajectory")
     record["fields"] = [f for f in record["fields"] if f["name"] not in ("region", "hardware")]
+    schema["fields"] = [f for f in schema["fields"] if f["name"] != "token_advantages"]
     return schema
 
 
@@ -291,6 +302,7 @@ def avro_values(record: Trajectory | TrainSample) -> dict[str, Any]:
     values = dataclasses.asdict(record)
     traj = values.get("trajectory", values)
     traj.update({k: v.tobytes() for k, v in traj.items() if isinstance(v, np.ndarray)})
+    values.update({k: v.tobytes() for k, v in values.items() if isinstance(v, np.ndarray)})
     return values
 
 
@@ -312,6 +324,8 @@ def test_old_writer_new_reader_fills_defaults(name: str) -> None:
     traj = decoded if name == "Trajectory" else decoded.trajectory
     assert (traj.region, traj.hardware) == ("", "")
     assert_same(traj, trajectory(region="", hardware=""))
+    if name == "TrainSample":  # one advantage for the whole response, as every sample before the field
+        assert decoded.token_advantages.dtype == np.float32 and decoded.token_advantages.size == 0
 
 
 def test_old_writer_schema_is_found_through_the_log(tmp_path: Path) -> None:
@@ -480,7 +494,10 @@ def test_dataclass_defaults_are_avro_defaults(name: str) -> None:
             expected = f.default.decode("latin-1") if isinstance(f.default, bytes) else f.default
             assert field["default"] == expected, f.name
         elif f.default_factory is not dataclasses.MISSING:
-            assert field["default"] == f.default_factory(), f.name
+            default = f.default_factory()
+            if isinstance(default, np.ndarray):  # a packed array's default: its bytes, as Avro writes bytes
+                default = default.tobytes().decode("latin-1")
+            assert field["default"] == default, f.name
         elif isinstance(field["type"], list):
             assert field["type"][0] == "null" and field["default"] is None, f.name
         else:
