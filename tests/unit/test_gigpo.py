@@ -1,9 +1,11 @@
 """GiGPO's step-level advantages: a hand-computed group of multi-turn episodes, the pipeline that
-runs them, the samples and replay state that carry them, and the trainer's loss that uses them."""
+runs them, the samples and replay state that carry them, the loss that uses them, and the real
+trainer reading them from the samples topic."""
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.attach import decode_snapshot
 from astraflow.config import parse_config
+from astraflow.consumers.trainer import Trainer
 from astraflow.context import ComponentContext
 from astraflow.errors import ConfigError
 from astraflow.schemas.records import TrainSample, Trajectory, Turn
@@ -23,6 +27,8 @@ from astraflow.training.loss import ppo_clip_loss
 from astraflow.training.step import PolicyExample, collate
 from tests.unit.test_stream_operators import read_all
 from tests.unit.test_stream_state import lookup_in
+from tests.unit.test_trainer_reference import GROUP, recorded_samples
+from tests.unit.tiny_trainer import stopping_at, tiny_math_config
 
 PROMPT = np.array([5, 6, 7], dtype=np.int32)
 ROOM_X, ROOM_Y, ROOM_Z = [40, 41], [50, 51], [60, 61]  # what the environment says: two tokens each
@@ -169,3 +175,38 @@ def test_the_loss_weighs_each_token_by_its_own_advantage() -> None:
     torch.testing.assert_close(logprobs.grad, -batch.advantages * batch.loss_mask / tokens)
     # all-scalar batches keep their [B] advantages
     assert collate([scalar], pad_id=0).advantages.shape == (1,)
+
+
+def first_loss(tmp_path: Path, samples: list[TrainSample]) -> float:
+    """The loss of the real trainer's first version on ``samples`` (Avro on the embedded log)."""
+    config = tiny_math_config(tmp_path, {"train": {"batch_samples": len(samples)}})
+    ctx = ComponentContext(config, tmp_path / "run", "train")
+    try:
+        for sample in samples:
+            ctx.producer.send(
+                ctx.topics.samples("main"), ctx.codec.encode(sample), key=sample.trajectory.group_id.encode()
+            )
+        ctx.producer.flush()
+        stop = threading.Event()
+        stopping_at(Trainer(ctx, "main"), 1, stop).run(stop)
+        metrics = [record for _, record in decode_snapshot(ctx.log, ctx.topics.metrics())]
+    finally:
+        ctx.close()
+    [loss] = [m.value for m in metrics if m.name == "train.loss"]
+    return loss
+
+
+def test_the_trainer_trains_on_a_samples_token_advantages(tmp_path: Path) -> None:
+    samples = recorded_samples(2 * GROUP)
+    broadcast = [
+        replace(s, token_advantages=np.full(len(s.trajectory.response_ids), s.advantage, dtype=np.float32))
+        for s in samples
+    ]
+    first_token = []  # the first token's advantage doubled: another loss
+    for s in broadcast:
+        tokens = s.token_advantages.copy()
+        tokens[0] *= 2.0
+        first_token.append(replace(s, token_advantages=tokens))
+    plain = first_loss(tmp_path / "plain", samples)
+    assert first_loss(tmp_path / "broadcast", broadcast) == plain  # the same advantages, token by token
+    assert first_loss(tmp_path / "first", first_token) != pytest.approx(plain, abs=1e-6)
