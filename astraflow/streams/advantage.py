@@ -190,20 +190,23 @@ def gigpo_token_advantages(
     """GiGPO's advantages of one group: for each member, [R] float32, its episode advantage on every token
     plus ``weight`` times each policy turn's step advantage on that turn's tokens (see the module docstring)."""
     values = _checked(rewards)
-    anchored = [anchor_states(trajectory) for trajectory in trajectories]
+    # each member's policy turns as (turn, anchor state, return)
+    turns = [
+        [(turn, state, gamma ** (len(anchors) - 1 - k) * reward) for k, (turn, state) in enumerate(anchors)]
+        for anchors, reward in zip(map(anchor_states, trajectories), values.tolist(), strict=True)
+    ]
     returns: dict[bytes, list[float]] = {}  # anchor state -> returns of the turns that answered it
-    for anchors, reward in zip(anchored, values.tolist(), strict=True):
-        for k, (_, state) in enumerate(anchors):
-            returns.setdefault(state, []).append(gamma ** (len(anchors) - 1 - k) * reward)
+    for member in turns:
+        for _, state, turn_return in member:
+            returns.setdefault(state, []).append(turn_return)
     stats = {state: mean_std(seen, ddof=1) for state, seen in returns.items() if len(seen) > 1}
     out = []
-    for trajectory, anchors, reward, episode in zip(trajectories, anchored, values.tolist(), episode_advantages):
+    for trajectory, member, episode in zip(trajectories, turns, episode_advantages, strict=True):
         tokens = np.full(len(trajectory.response_ids), float(episode), dtype=np.float32)
-        for k, (turn, state) in enumerate(anchors):
+        for turn, state, turn_return in member:
             if state in stats:
                 mean, std = stats[state]
-                step = (gamma ** (len(anchors) - 1 - k) * reward - mean) / (std + eps)
-                tokens[turn.start : turn.end] += np.float32(weight * step)
+                tokens[turn.start : turn.end] += np.float32(weight * (turn_return - mean) / (std + eps))
         out.append(tokens)
     return out
 

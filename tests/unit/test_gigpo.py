@@ -25,7 +25,7 @@ from astraflow.streams.native import NativeStreamProcessor
 from astraflow.streams.operators import Group
 from astraflow.training.loss import ppo_clip_loss
 from astraflow.training.step import PolicyExample, collate
-from tests.unit.test_stream_operators import read_all
+from tests.unit.test_stream_operators import read_all, traj
 from tests.unit.test_stream_state import lookup_in
 from tests.unit.test_trainer_reference import GROUP, recorded_samples
 from tests.unit.tiny_trainer import stopping_at, tiny_math_config
@@ -40,23 +40,14 @@ def episode(group: str, index: int, spans: list[list[int]], reward: float) -> Tr
     for k, span in enumerate(spans):
         turns.append(Turn("policy" if k % 2 == 0 else "environment", len(response), len(response) + len(span), 0))
         response += span
-    n = len(response)
-    return Trajectory(
-        trajectory_id=f"{group}/{index}",
-        episode_id=f"{group}/{index}",
-        group_id=group,
-        task_id=group,
-        prompt_id="p",
-        policy="main",
+    mask = [1 if turn.role == "policy" else 0 for turn in turns for _ in range(turn.end - turn.start)]
+    return replace(
+        traj(group, index, reward, size=3, n=len(response)),
         workflow="rooms",
         prompt_ids=PROMPT,
         response_ids=np.asarray(response, dtype=np.int32),
-        behaviour_logprobs=np.full(n, -0.5, dtype=np.float32),
-        token_versions=np.zeros(n, dtype=np.int32),
-        loss_mask=np.asarray([1 if t.role == "policy" else 0 for t in turns for _ in range(t.end - t.start)], np.uint8),
-        reward=reward,
+        loss_mask=np.asarray(mask, dtype=np.uint8),
         turns=turns,
-        group_size=3,
     )
 
 
