@@ -14,6 +14,7 @@ is accepted; an ``ordering`` orders the groups ready to be emitted.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -132,6 +133,23 @@ class GigpoSpec(_Spec):
     """Added to a step group's standard deviation before dividing."""
 
 
+class RewardTermsSpec(_Spec):
+    op: Literal["reward_terms"] = "reward_terms"
+    """Reward shaping: each reward plus Σ weight × the reward component of that name the producer reported
+    (``reward_components``); before the advantage, and before ``zero_variance`` to keep groups it separates."""
+    weights: dict[str, float]
+    """Component name → weight, e.g. ``{invalid: -0.1}``: a tenth of a point off per invalid move."""
+
+    @model_validator(mode="after")
+    def _weighted(self) -> "RewardTermsSpec":
+        if not self.weights:
+            raise ValueError("weights: name at least one reward component")
+        for name, weight in self.weights.items():
+            if not name or not math.isfinite(weight):
+                raise ValueError(f"weights: {name!r}: {weight} is not a finite weight of a named component")
+        return self
+
+
 class RewardNormSpec(_Spec):
     op: Literal["reward_norm"] = "reward_norm"
     """Rewrite rewards to (r − running mean) / running std; put it before the advantage."""
@@ -194,6 +212,7 @@ OperatorSpec = Annotated[
         ReinforcePPSpec,
         SftSpec,
         GigpoSpec,
+        RewardTermsSpec,
         RewardNormSpec,
         ReplaySpec,
         OfflineSpec,
@@ -218,6 +237,10 @@ def check_pipeline(specs: list) -> None:
         )
     if "reward_norm" in names and names.index("reward_norm") > names.index(advantages[0]):
         raise ValueError(f"reward_norm must come before {advantages[0]} (it rescales the rewards the advantage reads)")
+    if "reward_terms" in names and names.index("reward_terms") > names.index(advantages[0]):
+        raise ValueError(f"reward_terms must come before {advantages[0]} (it changes the rewards the advantage reads)")
+    if "reward_norm" in names and "reward_terms" in names and names.index("reward_terms") > names.index("reward_norm"):
+        raise ValueError("reward_terms must come before reward_norm (normalise the shaped rewards)")
     if "gigpo" in names and names.index("gigpo") < names.index(advantages[0]):
         raise ValueError(f"gigpo must come after {advantages[0]} (it adds to the episode advantages)")
     rank = {"group": 0, "mixer": 1, "ordering": 2}

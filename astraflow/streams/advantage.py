@@ -32,6 +32,10 @@ advantage is broadcast to its tokens by the trainer.
   its step advantage. Where the episode-level advantage credits a whole episode, this one credits
   the turn that made the difference: of the turns that saw the same room, the ones whose episodes
   went on to win sooner.
+- Reward terms (shaping): r ← r + Σ_k w_k c_k, with c_k the components the producer reported with the
+  reward (``reward_components``: the rooms game's ``invalid`` moves, a code episode's ``attempts``),
+  the way TRL's ``reward_weights`` combines reward functions. A member without a named component
+  fails the group (dead-lettered with the name), never counted as 0.
 - Reward normalisation: r ← (r − μ) / (σ + eps) with μ, σ the running mean and population std of
   every reward seen so far (Chan et al.'s parallel update, O(1) memory).
 
@@ -249,6 +253,38 @@ class SftAdvantage:
 
     def __call__(self, group: Group, trainer_version: int) -> str | None:
         group.advantages = sft_advantages(group.raw_rewards, self.min_reward)
+        return None
+
+
+def shaped_rewards(trajectories: list[Trajectory], rewards: np.ndarray, weights: dict[str, float]) -> np.ndarray:
+    """[G] float64: each member's reward plus Σ weight × its reward component of that name; ``ValueError``
+    naming the member and the component when one is missing or not finite."""
+    shaped = _checked(rewards).copy()
+    for index, trajectory in enumerate(trajectories):
+        for name, weight in weights.items():
+            value = trajectory.reward_components.get(name)
+            if value is None or not math.isfinite(value):
+                have = ", ".join(sorted(trajectory.reward_components)) or "none"
+                problem = "has no" if value is None else f"has a non-finite ({value})"
+                raise ValueError(
+                    f"reward_terms: trajectory {trajectory.trajectory_id} {problem} reward component {name!r} "
+                    f"(its components: {have})"
+                )
+            shaped[index] += weight * value
+    return shaped
+
+
+@register
+class RewardTerms:
+    """Reward shaping: adds weighted reward components to the group's rewards (before the advantage)."""
+
+    name = "reward_terms"
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        self.weights = dict(weights)
+
+    def __call__(self, group: Group, trainer_version: int) -> str | None:
+        group.rewards = shaped_rewards(group.trajectories, group.rewards, self.weights)
         return None
 
 

@@ -32,7 +32,9 @@ class StalenessFilter:
 class ZeroVarianceFilter:
     """Dynamic sampling (DAPO): a group whose rewards are all equal carries no gradient.
 
-    Tests the producers' rewards, so it means the same before or after reward normalisation.
+    Tests the rewards as the operators before it left them: after ``reward_terms``, the shaped ones
+    (a group of equal scores whose invalid moves differ is kept); reward normalisation maps equal
+    rewards to equal rewards, so it changes nothing here.
     """
 
     name = "zero_variance"
@@ -41,7 +43,7 @@ class ZeroVarianceFilter:
         self.atol = atol
 
     def __call__(self, group: Group, trainer_version: int) -> str | None:
-        return "zero_variance: all rewards equal" if is_zero_variance(group.raw_rewards, self.atol) else None
+        return "zero_variance: all rewards equal" if is_zero_variance(group.rewards, self.atol) else None
 
 
 @register

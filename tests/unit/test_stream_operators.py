@@ -366,7 +366,11 @@ def test_every_operator_spec_builds_its_registered_class() -> None:
     adapter = TypeAdapter(OperatorSpec)
     names = {spec.model_fields["op"].default for spec in get_args(get_args(OperatorSpec)[0])}
     assert names == set(OPERATORS)
-    defaults = {"reward_range": {"low": 0.0}, "offline": {"topic": "old.trajectories.main"}}
+    defaults = {
+        "reward_range": {"low": 0.0},
+        "offline": {"topic": "old.trajectories.main"},
+        "reward_terms": {"weights": {"x": 1.0}},
+    }
     for name in sorted(names):
         spec = adapter.validate_python({"op": name, **defaults.get(name, {})})
         params = spec.model_dump(exclude={"op"})
