@@ -12,7 +12,8 @@ runtime. Before any good data, the test writes:
 - to the trajectories topic, groups with one bad trajectory each (a reward of 1e200, which used to
   end the run; a reward of 1e39, an infinite advantage under Dr.GRPO; a bad token id, length, loss
   mask, group size 0 and 9; a token version never published; a record too large to become a
-  sample), after a group that never completes, written 10 minutes earlier in log time.
+  sample), after a group that never completes, written 10 minutes earlier in log time; and a group
+  whose records are valid but one lacks the reward component the pipeline's ``reward_terms`` reads.
 
 Then good groups. Each bad record must be dead-lettered with a reason naming its field, the
 overflowing batch skipped without a version, and every good sample trained: the trainer ends at
@@ -64,6 +65,7 @@ def trajectory(group: str, index: int, **changes: object) -> Trajectory:
         token_versions=np.zeros(3, dtype=np.int32),
         loss_mask=np.ones(3, dtype=np.uint8),
         reward=float((index + 1) % 2),
+        reward_components={"found": float((index + 1) % 2)},
         group_size=GROUP,
     )
     return dataclasses.replace(good, **changes)
@@ -104,6 +106,15 @@ BAD_SAMPLES = {
 """Bad in a sample only: changes to the TrainSample of member 0 (not its trajectory), and the reason."""
 
 
+PIPELINE = [
+    {"op": "staleness"},
+    {"op": "reward_terms", "weights": {"found": 0.5}},
+    {"op": "dr_grpo"},
+    {"op": "zero_variance"},
+]
+"""The default pipeline under Dr.GRPO, with reward shaping that needs each trajectory's ``found``."""
+
+
 def sample(group: str, index: int, advantage: float, **changes: object) -> TrainSample:
     return TrainSample(f"{group}/{index}", trajectory(group, index, **changes), advantage, 1000, ["dr_grpo"])
 
@@ -120,7 +131,7 @@ class Pipeline:
             "log": {**log, "partitions": 1},
             "rollout": {"group_size": GROUP},
             "train": {"batch_samples": BATCH, "checkpoint_every": 100},
-            "stream": {"runtime": runtime, "advantage": "dr_grpo", "max_staleness": 1000},
+            "stream": {"runtime": runtime, "max_staleness": 1000, "pipeline": PIPELINE},
         }
         self.config = self.run_dir / "config.yaml"
         self.config.write_text(yaml.safe_dump(config))
@@ -221,6 +232,9 @@ def test_bad_records_are_dead_lettered_and_the_run_trains_on(
         for name, (changes, _) in BAD_TRAJECTORIES.items():
             group = [trajectory(f"t-{name}", 0, **changes)] + [trajectory(f"t-{name}", i) for i in range(1, GROUP)]
             pipeline.write(trajectories, group)
+        # valid records, but one lacks the component the pipeline's reward_terms reads: the group fails
+        unshaped = [trajectory("t-no-found", 0, reward_components={"moves": 2.0})]
+        pipeline.write(trajectories, unshaped + [trajectory("t-no-found", i) for i in range(1, GROUP)])
         pipeline.write(trajectories, [trajectory(f"t-good{g}", i) for g in range(8) for i in range(GROUP)])
 
         version, skipped = pipeline.wait_for_version(VERSIONS, timeout=300)
@@ -241,4 +255,6 @@ def test_bad_records_are_dead_lettered_and_the_run_trains_on(
     )
     expired = [r for r in reasons if "group_size: incomplete: 3 of 4 members within stream.group_timeout_s" in r]
     assert len(expired) == GROUP - 1
-    assert len(letters) == len(trainer_bad) + len(BAD_TRAJECTORIES) + len(overflowing) + len(expired)
+    unshaped = [r for r in reasons if "reward_terms: trajectory t-no-found/0 has no reward component 'found'" in r]
+    assert len(unshaped) == GROUP, reasons  # every member of the group, each with the name of what is missing
+    assert len(letters) == len(trainer_bad) + len(BAD_TRAJECTORIES) + len(overflowing) + len(expired) + GROUP
