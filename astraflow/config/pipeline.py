@@ -235,14 +235,24 @@ def check_pipeline(specs: list) -> None:
         raise ValueError(
             f"needs exactly one advantage operator ({', '.join(ADVANTAGE_SPECS)}), got {advantages or 'none'}"
         )
-    if "reward_norm" in names and names.index("reward_norm") > names.index(advantages[0]):
-        raise ValueError(f"reward_norm must come before {advantages[0]} (it rescales the rewards the advantage reads)")
-    if "reward_terms" in names and names.index("reward_terms") > names.index(advantages[0]):
-        raise ValueError(f"reward_terms must come before {advantages[0]} (it changes the rewards the advantage reads)")
-    if "reward_norm" in names and "reward_terms" in names and names.index("reward_terms") > names.index("reward_norm"):
-        raise ValueError("reward_terms must come before reward_norm (normalise the shaped rewards)")
-    if "gigpo" in names and names.index("gigpo") < names.index(advantages[0]):
-        raise ValueError(f"gigpo must come after {advantages[0]} (it adds to the episode advantages)")
+    advantage = advantages[0]
+    order = [  # (earlier, later, the error): where both are in the pipeline, earlier must come first
+        (
+            "reward_norm",
+            advantage,
+            f"reward_norm must come before {advantage} (it rescales the rewards the advantage reads)",
+        ),
+        (
+            "reward_terms",
+            advantage,
+            f"reward_terms must come before {advantage} (it changes the rewards the advantage reads)",
+        ),
+        ("reward_terms", "reward_norm", "reward_terms must come before reward_norm (normalise the shaped rewards)"),
+        (advantage, "gigpo", f"gigpo must come after {advantage} (it adds to the episode advantages)"),
+    ]
+    for earlier, later, problem in order:
+        if earlier in names and later in names and names.index(earlier) > names.index(later):
+            raise ValueError(problem)
     rank = {"group": 0, "mixer": 1, "ordering": 2}
     ranks = [rank[spec.stage] for spec in specs]
     if ranks != sorted(ranks):
