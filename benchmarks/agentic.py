@@ -116,7 +116,7 @@ def commit() -> str:
 
 def policy_result(accuracy_by_version: dict[str, float], versions: int, minutes: float) -> dict:
     """Base, the mean of the last two held-out evaluations after it, the gain, versions, minutes."""
-    from astraflow.launch.monitor import gain_over_base  # the definition the e2e tests assert on
+    from astraflow.infra.launch.monitor import gain_over_base  # the definition the e2e tests assert on
 
     accuracy = {int(version): value for version, value in accuracy_by_version.items()}
     base, gain = accuracy.get(0, float("nan")), gain_over_base(accuracy)

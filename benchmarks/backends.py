@@ -137,7 +137,7 @@ def main() -> None:
         broker = None
         bootstrap = args.bootstrap
         if bootstrap is None:
-            from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
+            from astraflow.infra.broker.local import LocalKafkaBroker, default_home, free_port
 
             broker = LocalKafkaBroker(Path(tmp) / "broker", free_port(), jar_cache=default_home())
             broker.start()

@@ -259,7 +259,7 @@ def plot(setups: dict[str, dict], path: Path) -> None:
 
 def three_free_ports() -> int:
     """The first of three consecutive free ports on 127.0.0.1 (a cluster's client ports)."""
-    from astraflow.broker.local import free_port
+    from astraflow.infra.broker.local import free_port
 
     for _ in range(100):
         first = free_port()
@@ -281,9 +281,9 @@ def _free(port: int) -> bool:
 
 def run_setup(setup: str, work: Path, args: argparse.Namespace) -> dict:
     """The clean run and the fault run of ``setup``; on Kafka each on a fresh three-node cluster."""
-    from astraflow.broker.cluster import LocalKafkaCluster
-    from astraflow.broker.local import default_home
     from astraflow.chaos.faults import schedule
+    from astraflow.infra.broker.cluster import LocalKafkaCluster
+    from astraflow.infra.broker.local import default_home
 
     kafka = SETUPS[setup][0] == "kafka"
     plan = schedule(

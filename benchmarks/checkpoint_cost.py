@@ -3,7 +3,7 @@ against one every 10 versions, side by side, on the embedded log.
 
 With ``checkpoint_every: 1`` every version readers can see has its checkpoint on disk, so a trainer
 crash loses nothing it published; with 10 it may lose up to 9 versions, which the restarted trainer
-trains again under new version ids (``consumers/trainer.py``). The price is, per version, the
+trains again under new version ids (``consumers/trainer/component.py``). The price is, per version, the
 trainer's fencing check (a transaction of its committed offsets) and the checkpoint itself (model,
 optimizer and state, fsynced). Measured on the whole path: ``astraflow run examples/math/config.yaml``
 for ``--versions`` versions, each variant ``--rounds`` times, alternating which goes first; per run

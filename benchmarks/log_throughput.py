@@ -26,7 +26,7 @@ records/s. Writes ``benchmarks/results/log_throughput.json`` and ``.png``.
     .venv/bin/python benchmarks/log_throughput.py [--bootstrap HOST:PORT] [--rounds 5]
 
 Without ``--bootstrap`` a local KRaft broker is started from the Apache Kafka jars
-(``astraflow.broker.local.LocalKafkaBroker``) in a temporary directory.
+(``astraflow.infra.broker.local.LocalKafkaBroker``) in a temporary directory.
 """
 
 from __future__ import annotations
@@ -609,7 +609,7 @@ def plot(path: Path, runs: dict, medians: dict, ratios: dict, targets: dict, siz
 
 def start_broker(home: Path):
     """A throwaway KRaft broker in ``home``, its jars from the shared cache (fetched once)."""
-    from astraflow.broker.local import LocalKafkaBroker, default_home
+    from astraflow.infra.broker.local import LocalKafkaBroker, default_home
 
     broker = LocalKafkaBroker(home, free_port(), jar_cache=default_home())
     broker.start()
@@ -722,7 +722,7 @@ def main() -> None:
             **sizes,
             "raw_kafka_producer": RAW_PRODUCER,
             "raw_kafka_consumer": RAW_CONSUMER,
-            "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)",
+            "broker": "given" if args.bootstrap else "local KRaft (astraflow.infra.broker.local)",
         },
         "machine": machine,
         "targets": targets,

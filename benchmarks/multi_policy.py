@@ -83,8 +83,8 @@ LABELS = {"async": "(a) async", "lockstep": "(b) lockstep", "trainer_centred": "
 def build_loop(config, run_dir: Path, replicas: int, devices: int | None, seed: int):
     """The loop over ``replicas`` engine sets; simulated trainers spread over ``devices`` GPUs."""
     from astraflow.engines import build_engine
-    from astraflow.models.base import base_checkpoint_path
-    from astraflow.models.loading import load_policy
+    from astraflow.engines.loading import load_policy
+    from astraflow.runtime.base_checkpoint import base_checkpoint_path
     from astraflow.tasks.datasets import load_task_split
     from astraflow.training.learner import build_learner, step_config
     from trainer_centred import TrainerCentredLoop
@@ -142,8 +142,8 @@ def real_child(spec: dict) -> dict:
     import torch
 
     from astraflow.config import load_config
-    from astraflow.evaluation.heldout import evaluate_exact_match
-    from astraflow.evaluation.judged import evaluate_system
+    from astraflow.episodes.heldout import evaluate_exact_match
+    from astraflow.episodes.judged import evaluate_system
     from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
     from astraflow.tasks.datasets import load_policy_split, load_task_split
 

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from astraflow.basemodel.sft import supervised_warmup
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.engines.loading import load_policy, save_policy
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.evaluation.heldout import evaluate_exact_match
-from astraflow.models.loading import load_policy, save_policy
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.streams.advantage import grpo_advantages, is_zero_variance
+from astraflow.episodes.heldout import evaluate_exact_match
+from astraflow.streams.operators.advantage import grpo_advantages, is_zero_variance
 from astraflow.tasks.arithmetic import addition_problems, exact_match_reward
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 

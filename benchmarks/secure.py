@@ -3,7 +3,7 @@
 For each broker size (``astraflow broker start --secure``, and ``--nodes 3``) and each stream
 runtime (faust, native), one ``astraflow run examples/math/config.yaml`` of ``--versions`` versions
 on Kafka with ``log.security.role_credentials``: the launcher makes the topics and grants the ACLs as
-``admin``, and every component logs in as its own role with least privilege (``astraflow/acls.py``).
+``admin``, and every component logs in as its own role with least privilege (``astraflow/infra/broker/acls.py``).
 Per run: held-out exact match of the base and the mean of the last two evaluations, versions per
 minute from version 1 to the last (start-up left out), and whether any component met a refusal
 (``may not`` or an authorization error in its log). With ``--plaintext`` the same runs on a
@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from astraflow.broker.local import default_home, free_port
 from astraflow.config import write_config_over
+from astraflow.infra.broker.local import default_home, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -37,7 +37,7 @@ RUNTIMES = ("faust", "native")
 
 
 def free_ports(count: int) -> int:
-    from astraflow.broker.local import _port_free
+    from astraflow.infra.broker.local import _port_free
 
     while True:
         first = free_port()

@@ -79,8 +79,8 @@ import numpy as np
 import yaml
 
 from astraflow.log import TopicSpec, open_log
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.records import Trajectory
-from astraflow.topics import RunTopics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ["raw", "native", "faust"]
@@ -510,7 +510,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="astraflow-stream-bench-") as tmp:
         broker = None
         if not args.bootstrap:
-            from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
+            from astraflow.infra.broker.local import LocalKafkaBroker, default_home, free_port
 
             broker = LocalKafkaBroker(Path(tmp) / "kafka", free_port(), jar_cache=default_home())
             broker.start(timeout=120)
@@ -560,7 +560,7 @@ def main() -> None:
             "out": str(args.out),
             "partitions": PARTITIONS,
             "raw_producer": CLIENT,
-            "broker": "given" if args.bootstrap else "local KRaft (astraflow.broker.local)",
+            "broker": "given" if args.bootstrap else "local KRaft (astraflow.infra.broker.local)",
         },
         "machine": machine,
         "targets": {**TARGETS, "native_visible_p99_ms": LATENCY_TARGET_MS},

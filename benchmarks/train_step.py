@@ -50,8 +50,8 @@ def write_batch(run_dir: Path, out: Path, prompts: int = 64, group: int = 8, see
     import numpy as np
 
     from astraflow.config import load_config
+    from astraflow.engines.loading import load_policy
     from astraflow.engines.torch_engine import TorchEngine
-    from astraflow.models.loading import load_policy
     from astraflow.tasks.datasets import load_task_split
 
     config = load_config(EXAMPLE)
@@ -90,7 +90,7 @@ def astraflow_child(base: str, batch: str, threads: int, reps: int) -> dict:
     import torch
 
     from astraflow.config import load_config
-    from astraflow.models.loading import load_policy
+    from astraflow.engines.loading import load_policy
     from astraflow.training.learner import build_learner, step_config
     from astraflow.training.step import PolicyExample
 

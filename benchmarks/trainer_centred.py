@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from astraflow.config import RunConfig
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.factory import build_run_workflow
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.factory import build_run_workflow
 from astraflow.schemas.records import RolloutTask
-from astraflow.streams.operators import Group
-from astraflow.streams.pipeline import build_pipeline
+from astraflow.streams.operators.base import Group
+from astraflow.streams.operators.pipeline import build_pipeline
 from astraflow.tasks.base import Problem
 from astraflow.training.step import PolicyExample, PolicyTrainer
 

@@ -83,7 +83,7 @@ def rank_bytes(backend: str, small: bool, out: Path) -> None:
     import torch
 
     from astraflow.config.train import DeepSpeedOptions
-    from astraflow.models.shapes import QWEN2_05B, SMALL_QWEN2, random_qwen2
+    from astraflow.engines.shapes import QWEN2_05B, SMALL_QWEN2, random_qwen2
     from astraflow.training.distributed import Ranks, init_group
     from astraflow.training.learner import build_learner
     from astraflow.training.step import PolicyStepConfig, random_examples
@@ -152,7 +152,7 @@ def rank_rate(steps: int, out: Path) -> None:
     """In a rank: samples/s of the tiny model's ``torch`` trainer over ``steps`` steps (after one warm-up)."""
     import torch
 
-    from astraflow.models.tiny import build_char_tokenizer, build_tiny_model
+    from astraflow.basemodel.tiny import build_char_tokenizer, build_tiny_model
     from astraflow.training.distributed import Ranks, all_reduce_sum, init_group
     from astraflow.training.learner import build_learner
     from astraflow.training.step import PolicyStepConfig, random_examples

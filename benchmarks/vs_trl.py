@@ -166,8 +166,8 @@ def bound_child(spec: dict) -> dict:
     import numpy as np
     import torch
 
+    from astraflow.engines.loading import load_policy
     from astraflow.engines.torch_engine import TorchEngine
-    from astraflow.models.loading import load_policy
     from astraflow.tasks.base import read_jsonl
     from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 
@@ -224,8 +224,8 @@ def trl_child(spec: dict) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from astraflow.evaluation.heldout import evaluate_exact_match
-    from astraflow.models.loading import load_policy
+    from astraflow.engines.loading import load_policy
+    from astraflow.episodes.heldout import evaluate_exact_match
     from astraflow.tasks.arithmetic import exact_match_reward
     from astraflow.tasks.base import read_jsonl
 

@@ -48,11 +48,11 @@ import numpy as np
 import torch
 
 from astraflow.config import WeightsConfig
+from astraflow.engines.shapes import QWEN2_05B
 from astraflow.log import TopicPartition, open_log
-from astraflow.models.shapes import QWEN2_05B
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.weights.follow import WeightFollower, assemble, fetch
 from astraflow.weights.payload import apply_payload, build_payload, check_payload, spec_layout, state_layout
 from astraflow.weights.publish import WeightPublisher, send_version

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from astraflow.basemodel.tiny import build_char_tokenizer, build_tiny_model
+from astraflow.engines.shapes import QWEN2_05B, SMALL_QWEN2, random_qwen2
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.models.shapes import QWEN2_05B, SMALL_QWEN2, random_qwen2
-from astraflow.models.tiny import build_char_tokenizer, build_tiny_model
 from astraflow.training.learner import build_learner
 from astraflow.training.step import PolicyStepConfig, random_examples
 

@@ -36,8 +36,8 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from astraflow.attach import AttachedRun, decode_snapshot, read_snapshot
 from astraflow.log import TopicPartition
+from astraflow.runtime.attach import AttachedRun, decode_snapshot, read_snapshot
 from astraflow.schemas.records import DeadLetter, LedgerEntry, PromptStats, TrainSample, Trajectory
 
 

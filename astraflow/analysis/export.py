@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from astraflow.attach import decode_snapshot
-from astraflow.errors import AstraFlowError, ConfigError, MissingDependencyError, SchemaError
+from astraflow.core.errors import AstraFlowError, ConfigError, MissingDependencyError, SchemaError
 from astraflow.log import Log, Message
+from astraflow.runtime.attach import decode_snapshot
 from astraflow.schemas.codec import NDARRAY_DTYPES, to_jsonable
 from astraflow.schemas.store import NAMESPACE, packaged_schemas
 

@@ -60,9 +60,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from astraflow.attach import AttachedRun, decode_snapshot, read_snapshot
+from astraflow.core.metric_names import ROLLOUT_WEIGHTS_APPLIED_MS, TRAIN_STEP_SECONDS
 from astraflow.log import Message
-from astraflow.metric_names import ROLLOUT_WEIGHTS_APPLIED_MS, TRAIN_STEP_SECONDS
+from astraflow.runtime.attach import AttachedRun, decode_snapshot, read_snapshot
 from astraflow.schemas.records import LedgerEntry, Metric, RolloutTask
 
 Record = TypeVar("Record")

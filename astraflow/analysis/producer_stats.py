@@ -22,7 +22,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from astraflow.metric_names import ROLLOUT_PREFIX, ROLLOUT_TRAJECTORIES, ROLLOUT_VERSION_LAG, SCALER_DESIRED_PRODUCERS
+from astraflow.core.metric_names import (
+    ROLLOUT_PREFIX,
+    ROLLOUT_TRAJECTORIES,
+    ROLLOUT_VERSION_LAG,
+    SCALER_DESIRED_PRODUCERS,
+)
 from astraflow.schemas.records import Metric
 
 

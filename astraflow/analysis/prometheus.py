@@ -30,13 +30,13 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from astraflow.attach import AttachedRun
-from astraflow.errors import AstraFlowError, MissingDependencyError, TopicNotFoundError
+from astraflow.core.errors import AstraFlowError, MissingDependencyError, TopicNotFoundError
+from astraflow.core.metric_names import FEEDER_SKIPPED, LAUNCHER_RESTARTS, histogram_buckets, kind
 from astraflow.log import TopicPartition
-from astraflow.metric_names import FEEDER_SKIPPED, LAUNCHER_RESTARTS, histogram_buckets, kind
+from astraflow.runtime.attach import AttachedRun
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
-from astraflow.topics import RunTopics
 
 logger = logging.getLogger(__name__)
 INSTALL_HINT = (

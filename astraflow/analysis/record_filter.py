@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 from astraflow.schemas.records import Metric, TrainSample, Trajectory
 
 _NAME = r"[A-Za-z][A-Za-z0-9_]*"

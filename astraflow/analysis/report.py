@@ -10,7 +10,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from astraflow.metric_names import EVAL_ACCURACY, STREAM_GROUP_REWARD
+from astraflow.core.metric_names import EVAL_ACCURACY, STREAM_GROUP_REWARD
 
 
 def load_metrics(path: Path) -> dict[str, list[dict]]:

@@ -2,7 +2,7 @@
 
 The metrics topic gives accuracy, group reward, staleness and each producer's version lag; the
 trajectories topics give reward by weight version and, with the samples topics, records/s over
-time from record timestamps. Both are read as snapshots by assignment (``astraflow/attach.py``), so a run
+time from record timestamps. Both are read as snapshots by assignment (``astraflow/runtime/attach.py``), so a run
 that is still going is neither disturbed nor waited for. Without a log to attach to (an embedded
 run directory whose ``log.sqlite`` was removed) the run monitor's ``metrics.jsonl`` is used alone.
 Times are seconds since the run's first record.
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from astraflow.analysis.report import load_metrics
-from astraflow.attach import AttachedRun, decode_snapshot, open_run, read_snapshot
 from astraflow.config import load_config
-from astraflow.errors import ConfigError
-from astraflow.rundir import RunDir
+from astraflow.core.errors import ConfigError
+from astraflow.core.rundir import RunDir
+from astraflow.runtime.attach import AttachedRun, decode_snapshot, open_run, read_snapshot
 from astraflow.schemas.records import Metric, Trajectory
 
 

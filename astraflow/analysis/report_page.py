@@ -26,7 +26,7 @@ import numpy as np
 
 from astraflow.analysis.report import plot_overview, smooth
 from astraflow.analysis.report_data import ReportData
-from astraflow.metric_names import (
+from astraflow.core.metric_names import (
     EVAL_ACCURACY,
     ROLLOUT_SAMPLES_PER_S,
     ROLLOUT_VERSION_LAG,

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from astraflow.analysis.stats import GroupLag, group_lag
-from astraflow.attach import offsets_at, open_run_log_readonly
 from astraflow.config import RunConfig, load_config, parse_config
 from astraflow.config.log import KafkaSecurity, security_client_config
-from astraflow.errors import ConfigError, LogError
+from astraflow.core.errors import ConfigError, LogError
+from astraflow.core.rundir import RunDir
 from astraflow.log import Log, open_log
-from astraflow.rundir import RunDir
+from astraflow.runtime.attach import offsets_at, open_run_log_readonly
 
 LIVE_S = 60.0
 INTERNAL_PREFIX = "_"

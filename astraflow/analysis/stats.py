@@ -18,7 +18,7 @@ What each number is made of:
   publication to the publication of the version trained from it (``hops.py``), over the same read
   of the trajectories as the rewards.
 
-All reads are snapshots by assignment (see ``astraflow/attach.py``), so the run is not disturbed.
+All reads are snapshots by assignment (see ``astraflow/runtime/attach.py``), so the run is not disturbed.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 
 from astraflow.analysis.hops import GroupClock, VersionChain, version_chains
 from astraflow.analysis.producer_stats import ProducerRow, producer_rows
-from astraflow.attach import AttachedRun, decode_snapshot, offsets_at
+from astraflow.core.metric_names import STREAM_DROPPED_PREFIX, STREAM_STALENESS
 from astraflow.log import Log
-from astraflow.metric_names import STREAM_DROPPED_PREFIX, STREAM_STALENESS
+from astraflow.runtime.attach import AttachedRun, decode_snapshot, offsets_at
 from astraflow.schemas.records import DeadLetter, Metric, Trajectory
 
 

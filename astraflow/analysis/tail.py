@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 from astraflow.log import Log, TopicPartition
+from astraflow.runtime.schema_store import LogSchemaStore
 from astraflow.schemas.codec import Codec, to_jsonable
-from astraflow.schemas.store import LogSchemaStore
 
 
 def tail_topic(

@@ -1,6 +1,6 @@
 """TensorBoard event files of a run's metrics: one scalar per metric name, stepped by version.
 
-The run monitor (``launch/monitor.py``) hands every record of ``{run}.metrics`` to a
+The run monitor (``infra/launch/monitor.py``) hands every record of ``{run}.metrics`` to a
 ``TensorBoardWriter`` as it reads it, so ``RUN_DIR/tensorboard/`` fills while the run goes
 (``tensorboard --logdir RUN_DIR/tensorboard``). A scalar's tag is the metric's name (``train.loss``),
 followed by ``/<policy>`` in a run of several policies; its step is the record's ``step`` (the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from astraflow.errors import MissingDependencyError
+from astraflow.core.errors import MissingDependencyError
 from astraflow.schemas.records import Metric
 
 INSTALL_HINT = (

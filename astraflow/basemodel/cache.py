@@ -25,9 +25,9 @@ import shutil
 from pathlib import Path
 
 from astraflow.config import RunConfig
-from astraflow.envs.episodes import AgentLimits, demonstrate
-from astraflow.models.base import base_checkpoint_dir
-from astraflow.rundir import RunDir, cache_root
+from astraflow.core.rundir import RunDir, cache_root
+from astraflow.episodes.loop import AgentLimits, demonstrate
+from astraflow.runtime.base_checkpoint import base_checkpoint_dir
 from astraflow.tasks.catalog import is_multi_turn, open_environments
 from astraflow.tasks.datasets import load_policy_split, task_alphabet, task_data_version, task_demonstration
 
@@ -65,8 +65,8 @@ AGENT_CONTEXT = 1024
 def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
     import torch
 
-    from astraflow.models.loading import save_policy
-    from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+    from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+    from astraflow.engines.loading import save_policy
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     m, w = config.model, config.warmup
@@ -112,7 +112,7 @@ def _warm_up_on_demonstrations(
     config: RunConfig, run_dir: Path, model, tokenizer, train: list, heldout: list, fit_options: dict
 ):
     from astraflow.basemodel.sft import demonstration_examples, fit
-    from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
+    from astraflow.episodes.heldout import evaluate_episodes, evaluation_task
 
     r = config.rollout
     make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(run_dir).data)

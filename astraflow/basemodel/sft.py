@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from astraflow.envs.episodes import Transcript
-from astraflow.evaluation.heldout import evaluate_exact_match
+from astraflow.episodes.heldout import evaluate_exact_match
+from astraflow.episodes.loop import Transcript
 from astraflow.tasks.base import Problem
 from astraflow.training.step import PolicyExample, collate, response_logprobs
 

@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from astraflow.errors import AstraFlowError
-from astraflow.metric_names import EVAL_ACCURACY, LAUNCHER_RESTARTS, TRAIN_VERSION
-from astraflow.rundir import RunDir
+from astraflow.core.errors import AstraFlowError
+from astraflow.core.metric_names import EVAL_ACCURACY, LAUNCHER_RESTARTS, TRAIN_VERSION
+from astraflow.core.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 

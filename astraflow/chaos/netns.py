@@ -35,7 +35,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 
 logger = logging.getLogger(__name__)
 SUBNET_PREFIX = "10.213"

@@ -16,7 +16,7 @@ __all__ = ["app", "components", "keys", "main", "views"]
 
 def main() -> None:
     """Console entry point: AstraFlow errors print one clear line and exit 2, not a traceback."""
-    from astraflow.errors import AstraFlowError
+    from astraflow.core.errors import AstraFlowError
 
     try:
         app()

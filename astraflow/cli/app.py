@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from astraflow.broker.cli import broker_app
+from astraflow.infra.broker.cli import broker_app
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="AstraFlow: RL for agentic LLMs on a durable Avro log."

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from astraflow.cli.app import BackendOpt, BootstrapOpt, ConfigArg, LogSecurityOpt, PolicyOpt, RunDirOpt, app
-from astraflow.rundir import RunDir
+from astraflow.core.rundir import RunDir
 
 
 def _component(
@@ -22,7 +22,7 @@ def _component(
 ):
     """The resolved config (YAML, ``--backend``/``--bootstrap``, ``--security``, ``overrides``) and the
     run directory (``--run-dir``, else ``runs/<run>``)."""
-    from astraflow.launch.process import resolve_config
+    from astraflow.infra.launch.process import resolve_config
 
     overrides = dict(overrides or {})
     if security is not None:
@@ -35,7 +35,7 @@ def _component(
 
 def _one_policy(cfg, policy: Optional[str]):
     """The config narrowed to one policy (``RunConfig.for_policy``): ``--policy``, or the only one."""
-    from astraflow.errors import ConfigError
+    from astraflow.core.errors import ConfigError
 
     if policy is None and len(cfg.policy_names()) > 1:
         raise ConfigError(f"--policy: required, the config declares the policies {list(cfg.policy_names())}")
@@ -50,7 +50,7 @@ def _one_policy(cfg, policy: Optional[str]):
 )
 def warmup(config: ConfigArg, run_dir: RunDirOpt = None, policy: PolicyOpt = None) -> None:
     from astraflow.basemodel.cache import ensure_base_checkpoint
-    from astraflow.launch.process import setup_logging
+    from astraflow.infra.launch.process import setup_logging
 
     cfg, directory = _component(config, run_dir, None, None)
     setup_logging("warmup", directory)
@@ -67,8 +67,8 @@ def feed(
     security: LogSecurityOpt = None,
 ) -> None:
     """Task feeder: dataset → tasks topic, within the staleness budget."""
-    from astraflow.launch.process import run_component
-    from astraflow.producers.feeder import TaskFeeder
+    from astraflow.infra.launch.process import run_component
+    from astraflow.producers.feeder.component import TaskFeeder
     from astraflow.tasks.datasets import load_task_split
 
     cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
@@ -95,8 +95,8 @@ def rollout(
     ] = None,
 ) -> None:
     """Rollout producer: joins the pool at any time (after catching up on weights), leaves cleanly on SIGTERM."""
-    from astraflow.launch.process import run_component
-    from astraflow.producers.rollout import RolloutProducer
+    from astraflow.infra.launch.process import run_component
+    from astraflow.producers.rollout.component import RolloutProducer
 
     overrides = {
         key: value for key, value in (("rollout.prompts_per_generation", batch), ("rollout.threads", threads)) if value
@@ -116,7 +116,7 @@ def scale(
     security: LogSecurityOpt = None,
 ) -> None:
     """Scaler: trainer wait fraction → desired rollout producers, written to the metrics topic."""
-    from astraflow.launch.process import run_component
+    from astraflow.infra.launch.process import run_component
     from astraflow.scaler.component import ScalerComponent
 
     cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
@@ -152,7 +152,7 @@ def stream(
     ] = 0,
 ) -> None:
     """Stream processor: trajectories → filters and advantages → train samples."""
-    from astraflow.launch.process import run_component
+    from astraflow.infra.launch.process import run_component
 
     overrides = {"stream.runtime": runtime} if runtime else None
     cfg, directory = _component(config, run_dir, backend, bootstrap, overrides, security)
@@ -163,11 +163,11 @@ def stream(
             raise typer.BadParameter(
                 "several instances need the native runtime (--runtime native)", param_hint="--instance"
             )
-        from astraflow.streams.faust_runtime import FaustStreamProcessor
+        from astraflow.streams.runtimes.faust_runtime import FaustStreamProcessor
 
         run_component(name, cfg, directory, lambda ctx, stop: FaustStreamProcessor(ctx, cfg.policy).run(stop))
         return
-    from astraflow.streams.native import NativeStreamProcessor
+    from astraflow.streams.runtimes.native import NativeStreamProcessor
 
     run_component(name, cfg, directory, lambda ctx, stop: NativeStreamProcessor(ctx, cfg.policy, instance).run(stop))
 
@@ -205,28 +205,28 @@ def train(
         return
     ranks = Ranks.from_env()
     if launched():
-        from astraflow.launch.ranks import follow_agent
+        from astraflow.infra.launch.ranks import follow_agent
 
         follow_agent()
     if ranks.leader:
-        from astraflow.consumers.trainer import Trainer
-        from astraflow.launch.process import run_component
+        from astraflow.consumers.trainer.component import Trainer
+        from astraflow.infra.launch.process import run_component
 
         run_component("train", cfg, directory, lambda ctx, stop: Trainer(ctx, cfg.policy, ranks).run(stop))
     else:
-        from astraflow.consumers.trainer_ranks import TrainerRank
-        from astraflow.launch.process import run_rank
+        from astraflow.consumers.trainer.ranks import TrainerRank
+        from astraflow.infra.launch.process import run_rank
 
         run_rank(f"train-rank{ranks.rank}", directory, lambda stop: TrainerRank(cfg, directory, ranks).run(stop))
 
 
 def _launch_ranks(cfg, nproc: int, nnodes: int, node_rank: Optional[int], rdzv_endpoint: Optional[str]) -> None:
-    """Run this same command as the trainer's ranks under torch.distributed.run (``launch/ranks.py``)."""
+    """Run this same command as the trainer's ranks under torch.distributed.run (``infra/launch/ranks.py``)."""
     import sys
 
-    from astraflow.errors import ConfigError
-    from astraflow.launch.process import setup_logging
-    from astraflow.launch.ranks import RankLaunch, run_launcher
+    from astraflow.core.errors import ConfigError
+    from astraflow.infra.launch.process import setup_logging
+    from astraflow.infra.launch.ranks import RankLaunch, run_launcher
 
     if cfg.train.backend == "simulated":
         raise ConfigError(
@@ -263,15 +263,15 @@ def evaluate(
     ] = False,
 ) -> None:
     """Evaluator: held-out greedy exact match of each new weight version → metrics topic."""
-    from astraflow.launch.process import run_component
+    from astraflow.infra.launch.process import run_component
 
     cfg, directory = _component(config, run_dir, backend, bootstrap, security=security)
     if system:
-        from astraflow.consumers.system_evaluator import SystemEvaluator
+        from astraflow.consumers.evaluators.system import SystemEvaluator
 
         run_component("evaluate", cfg, directory, lambda ctx, stop: SystemEvaluator(ctx).run(stop))
         return
-    from astraflow.consumers.evaluator import Evaluator
+    from astraflow.consumers.evaluators.policy import Evaluator
 
     cfg = _one_policy(cfg, policy)
     run_component("evaluate", cfg, directory, lambda ctx, stop: Evaluator(ctx, cfg.policy).run(stop))
@@ -292,7 +292,7 @@ def run(
     ] = True,
 ) -> None:
     """Run every component of CONFIG as its own process on one machine, then write the report."""
-    from astraflow.launch.launcher import launch
+    from astraflow.infra.launch.launcher import launch
 
     overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
     cfg, directory = _component(config, run_dir, backend, bootstrap, overrides)
@@ -344,9 +344,9 @@ def replay(
         typer.Option(help="Show the live dashboard on a terminal; without it, or off one, print a line every 10 s."),
     ] = True,
 ) -> None:
-    from astraflow.attach import open_run
-    from astraflow.launch.replay import parse_time_ms
-    from astraflow.launch.replay import replay as replay_run
+    from astraflow.infra.launch.replay import parse_time_ms
+    from astraflow.infra.launch.replay import replay as replay_run
+    from astraflow.runtime.attach import open_run
 
     overrides = {"stop.max_minutes": max_minutes} if max_minutes else None
     cfg, directory = _component(config, run_dir, backend, bootstrap, overrides)

@@ -9,14 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from astraflow.cli.app import BootstrapOpt, RunDirOpt, SecurityOpt, app
-from astraflow.rundir import RunDir
+from astraflow.core.rundir import RunDir
 
 
 def _topic_log(command: str, run_dir: Path | None, bootstrap: str | None, security: Path | None):
     """The log ``tail`` and ``export`` read: a run directory's embedded log, or a Kafka cluster
     reached by ``bootstrap`` as the ``analysis`` principal of ``security``."""
     from astraflow.config.log import load_security, security_client_config
-    from astraflow.errors import ConfigError
+    from astraflow.core.errors import ConfigError
     from astraflow.log import open_log
 
     if (run_dir is None) == (bootstrap is None):
@@ -90,7 +90,7 @@ def audit(
     import json
 
     from astraflow.analysis.audit import audit_run, format_report
-    from astraflow.attach import open_run
+    from astraflow.runtime.attach import open_run
 
     with open_run(target, run_dir, bootstrap=bootstrap) as run:
         report = audit_run(run)
@@ -116,7 +116,7 @@ def stats(
     import json
 
     from astraflow.analysis.stats import collect_stats
-    from astraflow.attach import open_run
+    from astraflow.runtime.attach import open_run
 
     with open_run(target, run_dir, bootstrap=bootstrap) as attached:
         snapshot = collect_stats(attached, window_s=window)
@@ -238,7 +238,7 @@ def export_model(
 ) -> None:
     """Write a checkpointed version of a policy as a Hugging Face save_pretrained directory, with its tokenizer."""
     from astraflow.config import load_config
-    from astraflow.errors import ConfigError
+    from astraflow.core.errors import ConfigError
     from astraflow.training.export import export_version
 
     if not RunDir(target).config.is_file():
@@ -267,7 +267,7 @@ def metrics_serve(
     import threading
 
     from astraflow.analysis.prometheus import serve
-    from astraflow.attach import open_run
+    from astraflow.runtime.attach import open_run
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())

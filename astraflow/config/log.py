@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from astraflow.config.base import Section
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 
 ADMIN = "admin"
 """The principal that creates a run's topics and grants its ACLs (the launcher, ``broker grant``)."""

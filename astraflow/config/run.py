@@ -19,7 +19,7 @@ from astraflow.config.stop import StopConfig
 from astraflow.config.stream import StreamConfig
 from astraflow.config.train import TrainConfig
 from astraflow.config.weights import WeightsConfig
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 
 
 def _merged(base: BaseModel, override: BaseModel | None, where: str) -> BaseModel:

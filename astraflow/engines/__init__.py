@@ -19,8 +19,8 @@ __all__ = ["ENGINES", "Engine", "EngineError", "Generation", "build_engine"]
 
 
 def _torch(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
+    from astraflow.engines.loading import load_policy
     from astraflow.engines.torch_engine import TorchEngine
-    from astraflow.models.loading import load_policy
 
     model, tokenizer = load_policy(checkpoint, device=config.device, dtype=config.dtype)
     return TorchEngine(
@@ -43,8 +43,8 @@ def _vllm(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
 
 
 def _openai(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
+    from astraflow.engines.loading import load_tokenizer
     from astraflow.engines.openai_api import OpenAIEngine
-    from astraflow.models.loading import load_tokenizer
 
     options = config.openai
     return OpenAIEngine(
@@ -61,8 +61,8 @@ def _openai(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
 
 
 def _simulated(config: EngineConfig, checkpoint: Path, seed: int | None) -> Engine:
+    from astraflow.engines.loading import load_tokenizer
     from astraflow.engines.simulated import SimulatedEngine
-    from astraflow.models.loading import load_tokenizer
 
     return SimulatedEngine(load_tokenizer(checkpoint), config.simulated, seed=seed)
 

@@ -2,7 +2,7 @@
 
 An engine samples responses to prompts (``generate``, strings in) or continues exact token
 contexts (``generate_ids``, what multi-turn workflows need) and reports, for every sampled token,
-its behaviour log-prob under the convention of ``astraflow.models.sampling``: ``log_softmax(logits
+its behaviour log-prob under the convention of ``astraflow.engines.sampling``: ``log_softmax(logits
 / T)``, the distribution the token was drawn from (greedy: the T = 1 log-prob of the argmax).
 ``version`` is the weight version every token of one call comes from; ``load_state_dict`` swaps in
 a new one between calls. An engine that cannot change its weights (a remote server without an
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 
 if TYPE_CHECKING:
     import torch

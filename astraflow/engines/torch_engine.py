@@ -2,11 +2,11 @@
 
 A rollout producer holds one engine per policy, asks it for ``n`` responses per prompt, and loads a
 new weight version between two calls (never during one), so every token of one ``generate`` call
-comes from ``engine.version``. Log-probs follow ``astraflow.models.sampling``: ``log_softmax(logits
+comes from ``engine.version``. Log-probs follow ``astraflow.engines.sampling``: ``log_softmax(logits
 / T)`` of each sampled token, the distribution it was drawn from; the trainer scores tokens the same
 way. Runs on CPU or GPU (wherever the model lives). For token contexts (``generate_ids``, the
 turns of multi-turn episodes) it holds the keys and values of the rows its last such call ended
-with (``astraflow.models.sampling.PrefixCache``, up to ``prefix_cache_bytes``), so an episode's
+with (``astraflow.engines.sampling.PrefixCache``, up to ``prefix_cache_bytes``), so an episode's
 next turn prefills only the environment's answer, not its whole context again; loading new
 weights clears them. The contract it implements, and the other engines (``vllm``, ``openai``), are
 in ``astraflow.engines``.
@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from astraflow.engines.base import Engine, Generation, TurnSample
-from astraflow.models.sampling import PREFIX_CACHE_BYTES, PrefixCache, sample
+from astraflow.engines.sampling import PREFIX_CACHE_BYTES, PrefixCache, sample
 
 __all__ = ["Generation", "TorchEngine"]
 

@@ -8,7 +8,7 @@ followed by ``reset_prefix_cache`` so no KV block computed with the old weights 
 Nothing restarts, nothing touches the disk.
 
 Log-probs: ``logprobs_mode="processed_logprobs"`` makes vLLM report the log-prob of each sampled
-token *after* temperature scaling, the convention of ``astraflow.models.sampling`` and the
+token *after* temperature scaling, the convention of ``astraflow.engines.sampling`` and the
 trainer; ``SamplingParams(logprobs=0)`` returns exactly the sampled token's entry.
 
 Needs a CUDA GPU and ``vllm`` (``scripts/setup.sh vllm`` or ``pip install astraflow[vllm]``);
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from astraflow.core.errors import MissingDependencyError
 from astraflow.engines.base import Engine, EngineError, TurnSample
-from astraflow.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     import torch

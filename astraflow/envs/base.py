@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 from astraflow.schemas.records import RolloutTask
 
 

@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from astraflow.core.errors import AstraFlowError
 from astraflow.envs.base import EpisodeEnv
-from astraflow.errors import AstraFlowError
 
 logger = logging.getLogger(__name__)
 ServedFactory = Callable[[dict], EpisodeEnv]

@@ -39,18 +39,18 @@ def open_log(
 
     Imports the backend module lazily so that the other one's client library is never loaded.
     """
-    from astraflow.errors import ConfigError
+    from astraflow.core.errors import ConfigError
 
     if backend == "embedded":
         if path is None:
             raise ConfigError("log.path: the embedded backend needs a SQLite file path")
-        from astraflow.log.embedded import EmbeddedLog
+        from astraflow.log.embedded.log import EmbeddedLog
 
         return EmbeddedLog(Path(path))
     if backend == "kafka":
         if not bootstrap:
             raise ConfigError("log.bootstrap: the kafka backend needs bootstrap servers, e.g. 127.0.0.1:9092")
-        from astraflow.log.kafka import KafkaLog
+        from astraflow.log.kafka.log import KafkaLog
 
         return KafkaLog(bootstrap, client_config)
     raise ConfigError(f"log.backend: unknown backend {backend!r}; choose 'embedded' or 'kafka'")

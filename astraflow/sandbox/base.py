@@ -38,7 +38,7 @@ from pathlib import Path
 
 from astraflow.sandbox import cgroups, seccomp
 from astraflow.sandbox.cgroups import CgroupSetup
-from astraflow.sandbox.enforcement import Enforcement, observe
+from astraflow.sandbox.enforcement import SELF_CHECK, Enforcement, observe
 from astraflow.sandbox.errors import SandboxError
 from astraflow.sandbox.host import Gate, read_capped, start, throwaway_dir
 from astraflow.sandbox.limits import SandboxLimits
@@ -107,7 +107,17 @@ class Sandbox(ABC):
     def enforcement(self) -> Enforcement:
         """What is enforced on this machine, observed once by a program in the sandbox (``enforcement.py``)."""
         if self._enforcement is None:
-            self._enforcement = observe(self)
+            result = self.run_python(SELF_CHECK)
+            self._enforcement = observe(
+                self.name,
+                result.stdout,
+                result.stderr,
+                result.describe(),
+                self.seccomp is not None,
+                self.userns_guards(),
+                self.cgroups,
+                self.limits,
+            )
         return self._enforcement
 
     @abstractmethod

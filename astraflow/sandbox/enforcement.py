@@ -14,13 +14,10 @@ import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from astraflow.sandbox.cgroups import HELPERS, MIB, memory_bytes
+from astraflow.sandbox.cgroups import HELPERS, MIB, CgroupSetup, memory_bytes
 from astraflow.sandbox.errors import SandboxError
-
-if TYPE_CHECKING:
-    from astraflow.sandbox.base import Sandbox
+from astraflow.sandbox.limits import SandboxLimits
 
 CLONE_NEWUSER = 0x10000000
 SELF_CHECK = f"""\
@@ -71,24 +68,32 @@ class Enforcement:
         )
 
 
-def observe(sandbox: Sandbox) -> Enforcement:
-    """Run ``SELF_CHECK`` in ``sandbox`` and build its report; ``SandboxError`` if the sandbox fails."""
-    result = sandbox.run_python(SELF_CHECK)
+def observe(
+    name: str,
+    stdout: str,
+    stderr: str,
+    described: str,
+    seccomp_filter: bool,
+    userns_guards: tuple[str, ...],
+    setup: CgroupSetup | None,
+    limits: SandboxLimits,
+) -> Enforcement:
+    """The report of backend ``name`` from what ``SELF_CHECK`` printed inside it (``stdout``) and what
+    the backend set up: a seccomp filter or not, its guards against nested user namespaces, its
+    cgroup and limits. ``SandboxError`` with the run (``described``) and ``stderr`` if it printed no report."""
     try:
-        seen = json.loads(result.stdout)
+        seen = json.loads(stdout)
     except ValueError as exc:
-        raise SandboxError(
-            f"{sandbox.name}: the self-check failed ({result.describe()}): {result.stderr[-300:]}"
-        ) from exc
+        raise SandboxError(f"{name}: the self-check failed ({described}): {stderr[-300:]}") from exc
     host_filters = _seccomp_filters(Path("/proc/self/status").read_text())
-    seccomp = sandbox.seccomp is not None and (seen["seccomp_filters"] > host_filters or host_filters < 0)
-    guards = [name for name in sandbox.userns_guards() if name != "seccomp" or seccomp]
+    seccomp = seccomp_filter and (seen["seccomp_filters"] > host_filters or host_filters < 0)
+    guards = [guard for guard in userns_guards if guard != "seccomp" or seccomp]
     refused = seen["userns_errno"]
-    setup, limits, rlimits = sandbox.cgroups, sandbox.limits, seen["rlimits"]
+    rlimits = seen["rlimits"]
     version = f"cgroup {setup.version}" if setup else ""
     controllers = setup.controllers if setup else ()
     return Enforcement(
-        backend=sandbox.name,
+        backend=name,
         network_isolated=seen["interfaces"] == ["lo"],
         seccomp=seccomp,
         userns_forbidden=tuple(guards or [f"the kernel ({errno.errorcode.get(refused, refused)})"]) if refused else (),

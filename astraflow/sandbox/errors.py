@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 
 
 class SandboxError(AstraFlowError):

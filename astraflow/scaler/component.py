@@ -13,7 +13,7 @@ Steps (every ``scaler.interval_s``):
    replayed. Holds are written too, so a reader always finds the current desired count.
 
 The scaler starts and stops nothing. ``astraflow run`` reads the decisions from the metrics topic
-and resizes its local pool (``launch/pool.py``); on a cluster an external orchestrator (a
+and resizes its local pool (``infra/launch/pool.py``); on a cluster an external orchestrator (a
 Kubernetes controller, KEDA on the metric) can act on the same records instead.
 """
 
@@ -23,10 +23,10 @@ import logging
 import threading
 import time
 
-from astraflow.context import ComponentContext, now_ms
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
+from astraflow.core.metric_names import SCALER_DESIRED_PRODUCERS, SCALER_WAIT_FRACTION
 from astraflow.log import TopicPartition
-from astraflow.metric_names import SCALER_DESIRED_PRODUCERS, SCALER_WAIT_FRACTION
+from astraflow.runtime.context import ComponentContext, now_ms
 from astraflow.scaler.rule import AutoScaler, Decision, ScalerWindow, capped
 from astraflow.schemas.records import Metric
 

@@ -38,7 +38,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from astraflow.config import ScalerConfig
-from astraflow.metric_names import (
+from astraflow.core.metric_names import (
     ROLLOUT_BUSY_SECONDS,
     ROLLOUT_PREFIX,
     TRAIN_PREFIX,

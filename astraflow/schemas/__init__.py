@@ -1,7 +1,8 @@
 """AstraFlow's record contracts: Avro schemas (``*.avsc``), their dataclasses, and the codec.
 
 ``Codec`` turns records into Avro single-object bytes and back; ``SchemaStore`` maps writer
-schema fingerprints to schemas (``LogSchemaStore`` shares them through the log).
+schema fingerprints to schemas (``astraflow.runtime.schema_store.LogSchemaStore`` shares them
+through the log).
 """
 
 from astraflow.schemas.codec import Codec, to_jsonable
@@ -19,7 +20,7 @@ from astraflow.schemas.records import (
     Turn,
     WeightChunk,
 )
-from astraflow.schemas.store import SCHEMA_TOPIC, LogSchemaStore, SchemaStore, WriterSchema
+from astraflow.schemas.store import SCHEMA_TOPIC, SchemaStore, WriterSchema
 
 __all__ = [
     "RECORD_TYPES",
@@ -27,7 +28,6 @@ __all__ = [
     "Codec",
     "DeadLetter",
     "LedgerEntry",
-    "LogSchemaStore",
     "Metric",
     "OffsetRange",
     "PromptStats",

@@ -27,7 +27,7 @@ import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 
-from astraflow.errors import SchemaError
+from astraflow.core.errors import SchemaError
 from astraflow.schemas.records import RECORD_TYPES
 from astraflow.schemas.store import NAMESPACE, SchemaStore, WriterSchema, packaged_schemas
 

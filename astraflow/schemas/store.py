@@ -3,9 +3,10 @@
 A single-object encoded record names its writer schema only by the 8-byte CRC-64-AVRO
 fingerprint of the schema's Parsing Canonical Form, so a reader needs a place that maps
 fingerprints back to schemas. ``SchemaStore`` holds the schemas it was given (at least the ones
-shipped in this package); ``LogSchemaStore`` also publishes them to the compacted topic
-``_astraflow.schemas`` and looks unknown fingerprints up there, so a process can read records
-written by an older or newer AstraFlow whose schemas it does not ship.
+shipped in this package); ``astraflow.runtime.schema_store.LogSchemaStore`` also publishes them to
+the compacted topic ``SCHEMA_TOPIC`` and looks unknown fingerprints up there, so a process can read
+records written by an older or newer AstraFlow whose schemas it does not ship. This module knows no
+log: the schema layer sits beside the log, not above it.
 
 Every schema here is *standalone*: the ``.avsc`` files refer to each other's records by name
 (``"astraflow.Turn"``), and loading inlines each named type at its first use, as Avro requires
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,8 +26,7 @@ from fastavro import parse_schema
 from fastavro.schema import SchemaParseException, to_parsing_canonical_form
 from fastavro.schema import fingerprint as _fastavro_fingerprint
 
-from astraflow.errors import SchemaError, UnknownSchemaError
-from astraflow.log.base import Log, TopicPartition, TopicSpec
+from astraflow.core.errors import SchemaError, UnknownSchemaError
 
 logger = logging.getLogger(__name__)
 
@@ -142,96 +140,3 @@ class SchemaStore:
 
     def _where(self) -> str:
         return f"not among the {len(self._by_fingerprint)} schemas this store knows"
-
-
-class LogSchemaStore(SchemaStore):
-    """A ``SchemaStore`` shared through a compacted log topic (key: fingerprint hex, value: JSON).
-
-    On creation it reads the topic, then publishes every schema it knows that the topic lacks.
-    ``get`` of an unknown fingerprint reads the records appended since the last read before it
-    gives up, so a schema published by any process is found by every other one.
-    """
-
-    def __init__(
-        self,
-        log: Log,
-        schemas: Iterable[WriterSchema] | None = None,
-        topic: str = SCHEMA_TOPIC,
-        sync_timeout_s: float = 10.0,
-    ) -> None:
-        super().__init__(list(packaged_schemas().values()) if schemas is None else schemas)
-        self._log = log
-        self._topic = topic
-        self._sync_timeout_s = sync_timeout_s
-        self._lock = threading.RLock()
-        self._published: set[bytes] = set()
-        log.create_topic(TopicSpec(topic, partitions=1, compacted=True))
-        self._partitions = [TopicPartition(topic, p) for p in range(log.describe_topic(topic).partitions)]
-        self._consumer = log.consumer()
-        self._consumer.assign(self._partitions)
-        self._consumer.seek_to_beginning(self._partitions)
-        self.sync()
-        self.publish()
-
-    def add(self, schema: str | dict[str, Any] | WriterSchema) -> bytes:
-        """Learn a schema and publish it to the topic if the topic does not hold it yet."""
-        fp = super().add(schema)
-        if fp not in self._published:
-            self.publish()
-        return fp
-
-    def get(self, fp: bytes) -> WriterSchema:
-        """The writer schema with this fingerprint, reading new topic records on a miss."""
-        if fp not in self:
-            self.sync()
-        return super().get(fp)
-
-    def sync(self) -> int:
-        """Read the topic records appended since the last sync; return how many schemas were new."""
-        with self._lock:
-            ends = self._log.end_offsets(self._topic)
-            deadline = time.monotonic() + self._sync_timeout_s
-            learnt = 0
-            while any(0 < ends.get(tp.partition, 0) > self._consumer.position(tp) for tp in self._partitions):
-                if time.monotonic() > deadline:
-                    logger.warning("schema topic %s: stopped reading after %.1fs", self._topic, self._sync_timeout_s)
-                    break
-                for message in self._consumer.poll(max_records=500, timeout=0.2):
-                    learnt += self._learn(message.value)
-            return learnt
-
-    def publish(self) -> None:
-        """Write every known schema the topic does not hold yet, and wait for the log to ack."""
-        with self._lock:
-            missing = [s for s in self if s.fingerprint not in self._published]
-            if not missing:
-                return
-            with self._log.producer() as producer:
-                for schema in missing:
-                    producer.send(self._topic, schema.text.encode(), key=schema.fingerprint.hex().encode())
-                producer.flush()
-            self._published.update(s.fingerprint for s in missing)
-
-    def close(self) -> None:
-        """Release the topic consumer (the log itself stays open)."""
-        self._consumer.close()
-
-    def __enter__(self) -> "LogSchemaStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _learn(self, value: bytes) -> int:
-        try:
-            schema = writer_schema(value.decode())
-        except (SchemaError, UnicodeDecodeError) as exc:
-            logger.warning("schema topic %s: skipping an unreadable schema record: %s", self._topic, exc)
-            return 0
-        self._published.add(schema.fingerprint)
-        new = schema.fingerprint not in self
-        super().add(schema)
-        return int(new)
-
-    def _where(self) -> str:
-        return f"{super()._where()}, nor in the log topic {self._topic}"

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-from astraflow.errors import RewardError
+from astraflow.core.errors import RewardError
 from astraflow.tasks.base import Problem
 
 ALPHABET = "0123456789+-*/=()<>?., \n"
-"""The characters of the tiny model's tokenizer for this task (``astraflow.models.tiny``)."""
+"""The characters of the tiny model's tokenizer for this task (``astraflow.basemodel.tiny``)."""
 
 OPERAND_RANGE = range(10, 100)
 

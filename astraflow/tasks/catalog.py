@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from astraflow.config import AgentConfig
+from astraflow.core.errors import ConfigError
 from astraflow.envs.base import EnvFactory, EpisodeEnv
-from astraflow.errors import ConfigError
 from astraflow.schemas.records import RolloutTask
 
 

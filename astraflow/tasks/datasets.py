@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from astraflow.config import RunConfig, TaskConfig
-from astraflow.errors import ConfigError
-from astraflow.rundir import RunDir
+from astraflow.core.errors import ConfigError
+from astraflow.core.rundir import RunDir
 from astraflow.tasks.arithmetic import ALPHABET as ARITHMETIC_ALPHABET
 from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_target
 from astraflow.tasks.base import Problem, read_jsonl, write_jsonl

@@ -12,7 +12,7 @@ whose commit never happened (a crash in between, or a fenced trainer) is passed 
 checkpoint with the same version number replaces it. The consumed offsets are the
 log offsets of the *next* sample to train on, so a resumed trainer seeks there: a crash between an
 optimizer step and its checkpoint redoes that step from the same samples and never skips data.
-Which samples went into which version is the ledger's (``consumers/trainer_ledger.py``), not the
+Which samples went into which version is the ledger's (``consumers/trainer/ledger.py``), not the
 checkpoint's.
 
 A trainer of one rank writes ``model.pt`` and ``optimizer.pt`` (full state dicts). A trainer of
@@ -35,12 +35,10 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
     import torch
-
-    from astraflow.training.backends.base import OptimizerState
 
 
 SHARDED = "sharded"
@@ -51,6 +49,14 @@ DEEPSPEED_TAG = "state"
 """The tag (folder) of the one DeepSpeed checkpoint in ``DEEPSPEED``."""
 RECALL_WINDOW = 20_000
 """Sample ids per partition a restarted trainer re-reads below its checkpointed offsets."""
+
+
+class OptimizerState(Protocol):
+    """What ``CheckpointStore`` needs of an optimizer."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass

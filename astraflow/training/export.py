@@ -24,9 +24,9 @@ import shutil
 from pathlib import Path
 
 from astraflow.config import RunConfig
-from astraflow.errors import ConfigError
-from astraflow.models.base import base_checkpoint_path
-from astraflow.rundir import RunDir
+from astraflow.core.errors import ConfigError
+from astraflow.core.rundir import RunDir
+from astraflow.runtime.base_checkpoint import base_checkpoint_path
 from astraflow.training.checkpoint import SHARDED, checkpointed_versions, is_sharded, read_model_state, version_dir
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Batches are laid out as [left-padded prompt | right-padded response], so every response starts in
 the same column and the per-token tensors are response-aligned [B, R]; position ids count real
-tokens only, exactly as in ``astraflow.models.sampling``, so a fresh forward pass reproduces the
+tokens only, exactly as in ``astraflow.engines.sampling``, so a fresh forward pass reproduces the
 engine's log-probs. Token log-probs use ``log_softmax(logits / T)`` with the engine's sampling
 temperature T (see ``sampling.py``); a different T here would bias every importance ratio.
 """
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from astraflow.errors import NonFiniteStepError
-from astraflow.models.sampling import left_pad
+from astraflow.core.errors import NonFiniteStepError
+from astraflow.engines.sampling import left_pad
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.backends.torch_adamw import TorchBackend
 from astraflow.training.distributed import SINGLE, Ranks, all_reduce_sum, share

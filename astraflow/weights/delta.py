@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from astraflow.errors import WeightsError
+from astraflow.core.errors import WeightsError
 
 GAP_DTYPES = {"gap8": np.dtype(np.uint8), "gap16": np.dtype(np.uint16), "gap32": np.dtype(np.uint32)}
 POSITIONS = (*GAP_DTYPES, "bitmap")

@@ -52,13 +52,13 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from astraflow.context import ComponentContext, dead_letter_record
-from astraflow.errors import WeightFollowerError, WeightsError
+from astraflow.core.errors import WeightFollowerError, WeightsError
 from astraflow.log import Log, Message, TopicPartition
+from astraflow.runtime.context import ComponentContext, dead_letter_record
+from astraflow.runtime.schema_store import LogSchemaStore
+from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.schemas.store import LogSchemaStore
-from astraflow.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.weights.signing import ManifestVerifier
 from astraflow.weights.start import decode_or_skip, seek_start
 from astraflow.weights.store import read_stored

@@ -28,7 +28,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from astraflow.errors import WeightsError
+from astraflow.core.errors import WeightsError
 from astraflow.schemas.records import TensorSpec
 from astraflow.weights.delta import Section, apply_section, decode_section, encode_bits, pad8, parse_section
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from astraflow.config import WeightsConfig
-from astraflow.context import now_ms
-from astraflow.errors import ConfigError, WeightsError
+from astraflow.core.errors import ConfigError, WeightsError
 from astraflow.log import Log, Producer, TransactionalProducer
+from astraflow.runtime.context import now_ms
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
 from astraflow.weights.retention import KeptVersion, VersionRetention
 from astraflow.weights.signing import ManifestSigner, ManifestVerifier
 from astraflow.weights.store import ChunkStore, open_store

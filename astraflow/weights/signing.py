@@ -29,7 +29,7 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
-from astraflow.errors import ConfigError, WeightsError
+from astraflow.core.errors import ConfigError, WeightsError
 from astraflow.schemas.records import WeightChunk
 
 DOMAIN = b"astraflow.weights.manifest.v1\x00"

@@ -26,11 +26,11 @@ import logging
 import threading
 from typing import Callable
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 from astraflow.log import Consumer, Message, TopicPartition
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION
 
 logger = logging.getLogger(__name__)
 WINDOW = 16

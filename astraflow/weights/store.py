@@ -33,7 +33,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from astraflow.errors import WeightsError
+from astraflow.core.errors import WeightsError
 
 logger = logging.getLogger(__name__)
 

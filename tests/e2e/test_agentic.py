@@ -24,18 +24,18 @@ import torch
 
 from astraflow.basemodel.cache import ensure_base_checkpoint
 from astraflow.config import load_config, write_config_over
+from astraflow.engines.loading import load_policy
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.envs.episodes import AgentLimits
-from astraflow.evaluation.heldout import evaluate_episodes
-from astraflow.launch.monitor import gain_over_base
+from astraflow.episodes.heldout import evaluate_episodes
+from astraflow.episodes.loop import AgentLimits
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.factory import build_run_workflow
+from astraflow.infra.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
-from astraflow.models.loading import load_policy
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.factory import build_run_workflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
-from astraflow.streams.operators import Group
-from astraflow.streams.pipeline import build_pipeline
+from astraflow.streams.operators.base import Group
+from astraflow.streams.operators.pipeline import build_pipeline
 from astraflow.tasks.catalog import open_environments
 from astraflow.tasks.datasets import load_task_split
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.chaos.netns import RemoteRegion
-from astraflow.errors import LogError
+from astraflow.core.errors import LogError
 from astraflow.log import Log, open_log
 from astraflow.schemas.records import Trajectory
 from astraflow.weights.follow import WeightFollower

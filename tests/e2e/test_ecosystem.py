@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.analysis.prometheus import exposed_name
+from astraflow.core.metric_names import EVAL_ACCURACY, ROLLOUT_TRAJECTORIES, TRAIN_VERSION
 from astraflow.log import TopicPartition, open_log
-from astraflow.metric_names import EVAL_ACCURACY, ROLLOUT_TRAJECTORIES, TRAIN_VERSION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config

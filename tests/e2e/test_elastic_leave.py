@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.analysis.stats import collect_stats
-from astraflow.attach import open_run
 from astraflow.log import open_log
+from astraflow.runtime.attach import open_run
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.weights.follow import WeightFollower
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.chaos.faults import KINDS, FaultInjector, schedule
-from astraflow.launch.monitor import gain_over_base
+from astraflow.infra.launch.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -99,7 +99,7 @@ def test_embedded_run_survives_kills(run_dir: Path) -> None:
 
 @pytest.mark.long  # left out of make test (time budget); benchmarks/chaos.py runs it at length, 3 nodes
 def test_kafka_run_survives_kills_and_a_broker_restart(run_dir: Path, tmp_path: Path, unique: str) -> None:
-    from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
+    from astraflow.infra.broker.local import LocalKafkaBroker, default_home, free_port
     from tests._broker import unavailable
 
     broker = LocalKafkaBroker(tmp_path / "broker", port=free_port(), jar_cache=default_home())

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.launch.monitor import gain_over_base
+from astraflow.infra.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
+from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, Trajectory, WeightChunk
-from astraflow.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.weights.signing import ManifestVerifier
 from tests.e2e.conftest import ASTRAFLOW, write_config
 

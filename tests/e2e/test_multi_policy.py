@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from astraflow.launch.monitor import gain_over_base
+from astraflow.infra.launch.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "config.yaml"

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from astraflow.launch.monitor import gain_over_base
+from astraflow.infra.launch.monitor import gain_over_base
 from astraflow.log import open_log
-from astraflow.streams.changelog import Changelog
-from astraflow.streams.offline import state_key
+from astraflow.streams.runtimes.changelog import Changelog
+from astraflow.streams.runtimes.offline import state_key
 from tests.e2e.conftest import ASTRAFLOW, EXAMPLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]

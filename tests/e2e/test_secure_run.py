@@ -4,7 +4,7 @@
 broker's ``security/`` folder as ``role_credentials``, so the launcher logs in as ``admin`` (makes
 the topics, writes the schemas, grants each role its ACLs) and each component as its role (the
 feeder as ``feeder``, the rollout producer as ``producer`` ...), which may do only what
-``astraflow/acls.py`` grants. The run must go through versions on both stream runtimes with no
+``astraflow/infra/broker/acls.py`` grants. The run must go through versions on both stream runtimes with no
 component refused anything, and the records show the producers sampled the published versions.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.broker.local import free_port
 from astraflow.config import parse_config
+from astraflow.infra.broker.local import free_port
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory

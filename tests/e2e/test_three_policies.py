@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.launch.monitor import gain_over_base
+from astraflow.infra.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.launch.monitor import gain_over_base
+from astraflow.infra.launch.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
 from astraflow.config import parse_config
+from astraflow.core.errors import MissingDependencyError
 from astraflow.engines import build_engine
-from astraflow.errors import MissingDependencyError
-from astraflow.models.loading import load_policy
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
+from astraflow.engines.loading import load_policy
 from astraflow.training.step import PolicyExample, collate, response_logprobs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

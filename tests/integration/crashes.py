@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.context import ComponentContext
 from astraflow.log import Log, TopicPartition
+from astraflow.runtime.context import ComponentContext
 
 
 class Killed(BaseException):

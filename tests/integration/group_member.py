@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-from astraflow.errors import LogError
+from astraflow.core.errors import LogError
 from astraflow.log import open_log
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config.train import DeepSpeedOptions
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.training.checkpoint import TrainerState
 from astraflow.training.distributed import Ranks, init_group
 from astraflow.training.learner import build_learner

@@ -20,13 +20,13 @@ import pytest
 from typer.testing import CliRunner
 
 from astraflow.analysis.audit import audit_run
-from astraflow.attach import open_run
 from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
 from astraflow.log import TopicPartition, open_log
+from astraflow.runtime.attach import open_run
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, LedgerEntry, OffsetRange, PromptStats, TrainSample, Trajectory
-from astraflow.topics import RunTopics
 
 
 def trajectory(group: str, index: int, reward: float = 1.0) -> Trajectory:

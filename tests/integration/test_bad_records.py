@@ -33,12 +33,12 @@ import numpy as np
 import pytest
 import yaml
 
-from astraflow.attach import decode_snapshot
+from astraflow.basemodel.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.log import TopicPartition, open_log
-from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, Metric, TrainSample, Trajectory
-from astraflow.topics import RunTopics
 
 GROUP = 4
 BATCH = 8

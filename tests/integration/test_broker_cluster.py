@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from astraflow.broker.cluster import LocalKafkaCluster
-from astraflow.broker.local import free_port
-from astraflow.errors import BrokerError
+from astraflow.core.errors import BrokerError
+from astraflow.infra.broker.cluster import LocalKafkaCluster
+from astraflow.infra.broker.host import free_port
 from astraflow.log.base import TopicPartition, TopicSpec
-from astraflow.log.kafka import KafkaLog
-from astraflow.topics import RunTopics
+from astraflow.log.kafka.log import KafkaLog
+from astraflow.runtime.topics import RunTopics
 from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.kafka
@@ -33,11 +33,11 @@ ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 
 def three_free_ports() -> int:
     """A port p with p, p + 1 and p + 2 free on 127.0.0.1."""
-    from astraflow.broker.local import _port_free
+    from astraflow.infra.broker.host import port_free
 
     for _ in range(50):
         first = free_port()
-        if first + 2 < 65536 and all(_port_free(first + n) for n in range(3)):
+        if first + 2 < 65536 and all(port_free(first + n) for n in range(3)):
             return first
     raise AssertionError("no three consecutive free ports")
 

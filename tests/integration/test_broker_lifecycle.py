@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.broker.local import LocalKafkaBroker, default_home, free_port
-from astraflow.errors import BrokerError
+from astraflow.core.errors import BrokerError
+from astraflow.infra.broker.host import free_port
+from astraflow.infra.broker.local import LocalKafkaBroker, default_home
 from astraflow.log.base import TopicPartition, TopicSpec
-from astraflow.log.kafka import KafkaLog
+from astraflow.log.kafka.log import KafkaLog
 from tests._broker import unavailable
 
 pytestmark = pytest.mark.kafka

@@ -18,9 +18,9 @@ import torch
 
 pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import parse_config
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.training.checkpoint import CheckpointStore, TrainerState
 from astraflow.training.learner import build_learner
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer

@@ -40,9 +40,9 @@ from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka.admin import AdminClient
 
 from astraflow.log import Log, open_log
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
-from astraflow.topics import RunTopics
 from tests.integration.test_native_exactly_once import STATEFUL
 
 pytestmark = pytest.mark.kafka
@@ -403,9 +403,9 @@ class LeavingOut:
     with ``recover=False``, one that does not read them from the log either (as before the fix)."""
 
     def __init__(self, run: Run, skip: set[tuple[int, int]], recover: bool = True) -> None:
-        from astraflow.context import ComponentContext
-        from astraflow.launch.process import resolve_config
-        from astraflow.streams.faust_runtime import FaustStreamProcessor
+        from astraflow.infra.launch.process import resolve_config
+        from astraflow.runtime.context import ComponentContext
+        from astraflow.streams.runtimes.faust_runtime import FaustStreamProcessor
 
         left_out = set(skip)
 
@@ -477,7 +477,7 @@ def test_records_faust_leaves_out_are_handled_from_the_log(make_run: Callable[[s
     "ignore::pytest.PytestUnhandledThreadExceptionWarning"
 )  # the consumer thread, ended at once
 def test_a_worker_that_stops_committing_fails(make_run: Callable[[str], Run], monkeypatch: pytest.MonkeyPatch) -> None:
-    from astraflow.streams import faust_runtime
+    from astraflow.streams.runtimes import faust_runtime
 
     monkeypatch.setattr(faust_runtime, "STALL_LIMIT_S", 3.0)
     run = make_run("stall")
@@ -501,7 +501,7 @@ def test_faust_commits_a_handled_batch_without_waiting_for_its_timer(
     """Samples are readable once the records that arrived are handled, not at faust's next timed commit (issue
     #25: the timer held every version's batch for up to half a second): with the timer an hour away, the whole
     batch is still committed."""
-    from astraflow.streams import faust_runtime
+    from astraflow.streams.runtimes import faust_runtime
 
     monkeypatch.setattr(faust_runtime, "COMMIT_INTERVAL_S", 3600.0)
     run = make_run("eager")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition
-from astraflow.producers.feeder import TaskFeeder
+from astraflow.producers.feeder.component import TaskFeeder
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import PromptStats, RolloutTask
 from astraflow.tasks.base import Problem
 from tests.integration.crashes import Death, DyingLog, Killed, context, read_all, running, wait_for

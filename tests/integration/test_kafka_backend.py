@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from astraflow.log.base import Consumer, Message, TopicPartition, TopicSpec
-from astraflow.log.kafka import KafkaLog
+from astraflow.log.kafka.log import KafkaLog
 
 pytestmark = pytest.mark.kafka
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from astraflow.errors import LogError
-from astraflow.log.kafka import KafkaLog
+from astraflow.core.errors import LogError
+from astraflow.log.kafka.log import KafkaLog
 
 
 def closed_port() -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.errors import DeliveryError, LogError, RecordTooLargeError, TopicNotFoundError
+from astraflow.core.errors import DeliveryError, LogError, RecordTooLargeError, TopicNotFoundError
 from astraflow.log import Consumer, Log, Message, TopicPartition, TopicSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.errors import LogError, TopicNotFoundError
+from astraflow.core.errors import LogError, TopicNotFoundError
 from astraflow.log import Log, TopicPartition, TopicSpec
 from tests.integration.test_log_conformance import drain
 

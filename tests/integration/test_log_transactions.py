@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.errors import FencedError, LogError, RecordTooLargeError, TransactionAbortedError
+from astraflow.core.errors import FencedError, LogError, RecordTooLargeError, TransactionAbortedError
 from astraflow.log import Consumer, Log, TopicPartition, TransactionalProducer, open_log
 from tests.integration.test_log_conformance import REPO_ROOT, drain, make_topic, pump, wait_until
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import load_config, write_config_over
-from astraflow.context import ComponentContext
-from astraflow.metric_names import ROLLOUT_TRAJECTORIES, STREAM_STALENESS, TRAIN_VERSION
+from astraflow.core.metric_names import ROLLOUT_TRAJECTORIES, STREAM_STALENESS, TRAIN_VERSION
+from astraflow.runtime.context import ComponentContext
 from tests.exporters import poll, start_serve, total
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.consumers.batch_assembler import BatchAssembler
-from astraflow.context import ComponentContext
-from astraflow.errors import TransactionAbortedError
+from astraflow.consumers.trainer.batch_assembler import BatchAssembler
+from astraflow.core.errors import TransactionAbortedError
+from astraflow.core.metric_names import STREAM_REWINDS
 from astraflow.log import Log, TopicPartition, TransactionalProducer
-from astraflow.metric_names import STREAM_REWINDS
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import Metric, PromptStats, TrainSample
-from astraflow.streams import changelog
-from astraflow.streams.native import NativeStreamProcessor
-from astraflow.streams.operators import GroupBuffer
-from astraflow.streams.pending import read_range
+from astraflow.streams.operators.base import GroupBuffer
+from astraflow.streams.runtimes import changelog
+from astraflow.streams.runtimes.native import NativeStreamProcessor
+from astraflow.streams.runtimes.pending import read_range
 from tests.unit.test_stream_operators import traj
 
 WAIT_S = 120.0

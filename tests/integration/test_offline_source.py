@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition, TopicSpec
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import DeadLetter, TrainSample, Trajectory
-from astraflow.streams.changelog import Changelog
-from astraflow.streams.native import NativeStreamProcessor
-from astraflow.streams.offline import state_key
+from astraflow.streams.runtimes.changelog import Changelog
+from astraflow.streams.runtimes.native import NativeStreamProcessor
+from astraflow.streams.runtimes.offline import state_key
 
 GROUP = 4
 

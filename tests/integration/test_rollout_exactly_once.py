@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from astraflow.engines.base import Generation
-from astraflow.log import embedded_groups
-from astraflow.producers import rollout
-from astraflow.producers.rollout import RolloutProducer
+from astraflow.log.embedded import groups as embedded_groups
+from astraflow.producers.rollout import component as rollout
+from astraflow.producers.rollout.component import RolloutProducer
 from astraflow.schemas.records import RolloutTask, Trajectory
 from tests.integration.crashes import Death, DyingLog, Killed, committed, context, read_all, running, wait_for
 
@@ -216,8 +216,8 @@ def stall_too_long(backend: str, monkeypatch: pytest.MonkeyPatch, contexts: list
     if backend == "embedded":
         monkeypatch.setattr(embedded_groups, "MAX_POLL_INTERVAL_S", 2.0)
         return
-    from astraflow.log import kafka
-    from astraflow.log.kafka_consumer import KafkaConsumer
+    from astraflow.log.kafka import log as kafka
+    from astraflow.log.kafka.consumer import KafkaConsumer
 
     def stalling(config: dict, **kwargs: object) -> KafkaConsumer:
         return KafkaConsumer({**config, "max.poll.interval.ms": 2000}, **kwargs)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import RunConfig, load_config, write_config_over
-from astraflow.errors import AstraFlowError
-from astraflow.launch.launcher import refuse_another_runs_topics
+from astraflow.core.errors import AstraFlowError
+from astraflow.core.rundir import RunDir
+from astraflow.infra.launch.launcher import refuse_another_runs_topics
 from astraflow.log import open_log
-from astraflow.rundir import RunDir
-from astraflow.topics import RunTopics
+from astraflow.runtime.topics import RunTopics
 
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.broker.local import free_port
-from astraflow.broker.secure import SecurityFiles
 from astraflow.config import parse_config
 from astraflow.config.run import write_config_over
-from astraflow.errors import DeliveryError, LogError
+from astraflow.core.errors import DeliveryError, LogError
+from astraflow.infra.broker.host import free_port
+from astraflow.infra.broker.secure import SecurityFiles
 from astraflow.log import open_log
 from astraflow.log.base import TopicPartition
-from astraflow.topics import RunTopics
+from astraflow.runtime.topics import RunTopics
 from tests.integration.test_broker_cluster import three_free_ports
 from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
 
@@ -116,7 +116,7 @@ def test_a_wrong_password_and_a_plaintext_client_are_refused(secure_broker, tmp_
     config = parse_config({"log": {"backend": "kafka", "bootstrap": bootstrap, "security": security}})
     with pytest.raises(LogError, match="refused user 'producer' \\(SCRAM-SHA-512\\).*[Aa]uthentication failed"):
         open_log("kafka", bootstrap=bootstrap, client_config=config.log.client_config())
-    from astraflow.log.kafka import KafkaLog
+    from astraflow.log.kafka.log import KafkaLog
 
     with pytest.raises(LogError, match=f"cannot reach the Kafka cluster at {bootstrap}"):
         KafkaLog(bootstrap, connect_timeout_s=5)

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.broker.container import ADMIN_CLIENT, FORMAT_ARGS, LOG_SECURITY, PROPERTIES
-from astraflow.broker.jars import KAFKA_VERSION
-from astraflow.broker.local import _java, free_port, new_cluster_id
 from astraflow.config.log import load_security
 from astraflow.config.run import write_config_over
-from astraflow.errors import DeliveryError, LogError
+from astraflow.core.errors import DeliveryError, LogError
+from astraflow.infra.broker import host
+from astraflow.infra.broker.container import ADMIN_CLIENT, FORMAT_ARGS, LOG_SECURITY, PROPERTIES
+from astraflow.infra.broker.host import free_port, new_cluster_id
+from astraflow.infra.broker.jars import KAFKA_VERSION
 from astraflow.log import open_log
-from astraflow.topics import RunTopics
+from astraflow.runtime.topics import RunTopics
 from tests._broker import unavailable
 from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
 
@@ -73,7 +74,7 @@ def node(jar_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "--external", f"{HOST}:{external}", "--external-port", str(external),
     )  # fmt: skip
     assert generated.returncode == 0, generated.stdout + generated.stderr
-    java, libs = _java(), f"{jar_cache / f'libs-{KAFKA_VERSION}'}/*"
+    java, libs = host.java(), f"{jar_cache / f'libs-{KAFKA_VERSION}'}/*"
     properties = str(out / HOST / PROPERTIES)
     scram = (out / FORMAT_ARGS).read_text().splitlines()
     format_ = [java, "-cp", libs, "kafka.tools.StorageTool", "format", "--ignore-formatted"]
@@ -146,7 +147,7 @@ def test_the_healthcheck_client_settings_work_with_the_java_client(node, jar_cac
     source.write_text(HEALTHCHECK)
     libs = f"{jar_cache / f'libs-{KAFKA_VERSION}'}/*"
     done = subprocess.run(
-        [_java(), "-cp", libs, str(source), str(out / ADMIN_CLIENT), f"{HOST}:{port}"],
+        [host.java(), "-cp", libs, str(source), str(out / ADMIN_CLIENT), f"{HOST}:{port}"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     if done.returncode != 0 and "jdk.compiler" in done.stderr:

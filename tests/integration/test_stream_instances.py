@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from astraflow.config import load_config
-from astraflow.context import open_run_log
 from astraflow.log import Log, TopicPartition
+from astraflow.runtime.context import open_run_log
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.records import PromptStats, TrainSample
-from astraflow.topics import RunTopics
 from tests.integration.test_faust_runtime import CODEC, GROUP, member
 
 pytestmark = pytest.mark.timeout(300)

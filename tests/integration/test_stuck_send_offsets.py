@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from astraflow.errors import LogError
-from astraflow.log import TopicPartition, open_log, stuck_clients
-from astraflow.log import kafka_transactions as kt
+from astraflow.core.errors import LogError
+from astraflow.log import TopicPartition, open_log
+from astraflow.log.kafka import stuck_clients
+from astraflow.log.kafka import transactions as kt
 from tests.integration.test_log_conformance import REPO_ROOT, make_topic
 from tests.integration.test_log_transactions import fill, read_through
 
@@ -91,7 +92,7 @@ def test_a_component_with_a_stuck_client_exits_without_closing_its_log(tmp_path)
     without a stuck client the component closes normally."""
     script = (
         "import sys\n"
-        "from astraflow.launch.process import exit_if_stuck\n"
+        "from astraflow.infra.launch.process import exit_if_stuck\n"
         "from astraflow.log import stuck_clients\n"
         "exit_if_stuck('rollout')\n"
         "print('closing normally', flush=True)\n"

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.attach import decode_snapshot
-from astraflow.consumers.trainer import Trainer
-from astraflow.context import ComponentContext
-from astraflow.errors import FencedError
-from astraflow.rundir import RunDir
+from astraflow.consumers.trainer.component import Trainer
+from astraflow.core.errors import FencedError
+from astraflow.core.rundir import RunDir
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import LedgerEntry, OffsetRange, TrainSample, WeightChunk
 from astraflow.weights.follow import WeightFollower
 from tests.unit.test_trainer_reference import recorded_samples

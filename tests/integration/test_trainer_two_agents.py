@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from astraflow.attach import decode_snapshot
-from astraflow.broker.local import free_port
+from astraflow.basemodel.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.config import dump_config, load_config
-from astraflow.context import ComponentContext
+from astraflow.infra.broker.local import free_port
 from astraflow.log import open_log
-from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import LedgerEntry, Metric
 from astraflow.training.checkpoint import is_sharded, read_model_state
 from tests.unit.test_trainer_reference import REFERENCE, VERSIONS, recorded_samples

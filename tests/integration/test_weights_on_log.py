@@ -10,9 +10,9 @@ import torch
 
 from astraflow.config import WeightsConfig
 from astraflow.log import Log, TopicPartition
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, MiB, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, MiB, RunTopics
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import to_transfer
 from astraflow.weights.publish import WeightPublisher

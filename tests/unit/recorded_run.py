@@ -24,9 +24,9 @@ import numpy as np
 
 from astraflow.config import dump_config, parse_config
 from astraflow.log import Log, TopicPartition, open_log
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, Metric, TrainSample, Trajectory
-from astraflow.topics import RunTopics
 
 RUN = "demo"
 STREAM_GROUP = f"{RUN}.stream.main"

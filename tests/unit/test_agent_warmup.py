@@ -12,14 +12,14 @@ import torch
 
 from astraflow.basemodel.cache import _cache_key
 from astraflow.basemodel.sft import demonstration_examples
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import AgentConfig, RunConfig, load_config, parse_config
+from astraflow.core.errors import ConfigError
 from astraflow.envs.base import EnvError
-from astraflow.envs.episodes import AgentLimits, demonstrate
-from astraflow.errors import ConfigError
-from astraflow.evaluation.heldout import evaluate_episodes, evaluation_task
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
+from astraflow.episodes.heldout import evaluate_episodes, evaluation_task
+from astraflow.episodes.loop import AgentLimits, demonstrate
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.multiturn import MultiTurnWorkflow
 from astraflow.tasks.catalog import open_environments
 from astraflow.tasks.datasets import task_alphabet, task_demonstration
 from astraflow.tasks.rooms.data import room_problems

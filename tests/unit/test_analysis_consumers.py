@@ -21,10 +21,10 @@ from astraflow.analysis.report_page import write_report_files
 from astraflow.analysis.runs import list_runs, remove_run, resolve_run, show_run
 from astraflow.analysis.stats import collect_stats, reason_kind
 from astraflow.analysis.tail import tail_topic
-from astraflow.attach import open_run
 from astraflow.cli import app
-from astraflow.errors import ConfigError, MissingDependencyError
+from astraflow.core.errors import ConfigError, MissingDependencyError
 from astraflow.log import TopicPartition
+from astraflow.runtime.attach import open_run
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric, Trajectory, Turn
 from tests.unit.recorded_run import RUN, STREAM_GROUP, TRAIN_GROUP, RecordedRun, record_run

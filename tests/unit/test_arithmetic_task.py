@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.errors import RewardError
+from astraflow.core.errors import RewardError
 from astraflow.tasks.arithmetic import addition_problems, exact_match_reward
 from astraflow.tasks.base import read_jsonl, write_jsonl
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.context import ComponentContext
-from astraflow.errors import RewardError
+from astraflow.core.errors import RewardError
+from astraflow.episodes.workflows.base import score
 from astraflow.log import Message, TopicPartition
-from astraflow.producers.workflows.base import score
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats
 from astraflow.schemas.store import packaged_schemas
-from astraflow.streams.native import NativeStreamProcessor
+from astraflow.streams.runtimes.native import NativeStreamProcessor
 from tests.unit.test_schemas import write_with
 from tests.unit.test_stream_operators import traj
 

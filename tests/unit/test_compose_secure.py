@@ -20,11 +20,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from astraflow.broker.container import ADMIN_CLIENT, FORMAT_ARGS, LOG_SECURITY, PROPERTIES
-from astraflow.broker.local import LocalKafkaBroker
-from astraflow.broker.secure import PRINCIPALS, SecurityFiles
 from astraflow.cli import app
 from astraflow.config.log import load_security
+from astraflow.infra.broker.container import ADMIN_CLIENT, FORMAT_ARGS, LOG_SECURITY, PROPERTIES
+from astraflow.infra.broker.local import LocalKafkaBroker
+from astraflow.infra.broker.secure import PRINCIPALS, SecurityFiles
 from tests._broker import unavailable
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import RunConfig, TrainConfig, dump_config, load_config, parse_config
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 from astraflow.training.learner import step_config
 from astraflow.training.step import PolicyStepConfig
 

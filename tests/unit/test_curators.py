@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import FilterSolvedCurator, GresoCurator, parse_config
-from astraflow.context import ComponentContext
-from astraflow.producers.curators import AcceptAll, FilterSolved, Greso, build_curator
-from astraflow.producers.feeder import TaskFeeder
+from astraflow.producers.feeder.component import TaskFeeder
+from astraflow.producers.feeder.curators import AcceptAll, FilterSolved, Greso, build_curator
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import PromptStats
 from astraflow.tasks.base import Problem
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from astraflow.log import TopicPartition, TopicSpec
-from astraflow.log import embedded_consumer as consumer_module
-from astraflow.log.embedded import EmbeddedLog
-from astraflow.log.embedded_doorbell import SUPPORTED, Doorbell, bells_dir, ring
+from astraflow.log.embedded import consumer as consumer_module
+from astraflow.log.embedded.doorbell import SUPPORTED, Doorbell, bells_dir, ring
+from astraflow.log.embedded.log import EmbeddedLog
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="abstract Unix sockets are Linux's")
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.errors import LogError
-from astraflow.log import TopicPartition, TopicSpec, embedded_store
-from astraflow.log.embedded import EmbeddedLog
-from astraflow.log.embedded_groups import assign_round_robin
-from astraflow.log.embedded_store import WAL_SIZE_LIMIT_BYTES, Checkpointer, now_ms, pack_headers, unpack_headers
+from astraflow.core.errors import LogError
+from astraflow.log import TopicPartition, TopicSpec
+from astraflow.log.embedded import store as embedded_store
+from astraflow.log.embedded.groups import assign_round_robin
+from astraflow.log.embedded.log import EmbeddedLog
+from astraflow.log.embedded.store import WAL_SIZE_LIMIT_BYTES, Checkpointer, now_ms, pack_headers, unpack_headers
 
 
 @pytest.fixture

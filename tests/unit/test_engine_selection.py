@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
 from astraflow.config import EngineConfig, parse_config
+from astraflow.core.errors import ConfigError
 from astraflow.engines import build_engine
+from astraflow.engines.loading import load_policy, load_tokenizer, resolve_dtype
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.errors import ConfigError
-from astraflow.models.loading import load_policy, load_tokenizer, resolve_dtype
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
 
 SMALL = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 TEMPLATE = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{% if add_generation_prompt %}={% endif %}"

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from astraflow.consumers import evaluator as evaluator_module
-from astraflow.consumers.evaluator import Evaluator
-from astraflow.metric_names import EVAL_ACCURACY
+from astraflow.consumers.evaluators import policy as evaluator_module
+from astraflow.consumers.evaluators.policy import Evaluator
+from astraflow.core.metric_names import EVAL_ACCURACY
 
 
 class ScriptedFollower:
@@ -86,8 +86,8 @@ def system_scored_pairs(
     solver: list[int], verifier: list[int], every: int, final: bool, monkeypatch: pytest.MonkeyPatch
 ) -> list[dict[str, int]]:
     """The version pairs the system evaluator scores when the two weights topics carry these versions."""
-    from astraflow.consumers import system_evaluator as system_module
-    from astraflow.consumers.system_evaluator import SystemEvaluator
+    from astraflow.consumers.evaluators import system as system_module
+    from astraflow.consumers.evaluators.system import SystemEvaluator
 
     scored: list[dict[str, int]] = []
     stop = threading.Event()

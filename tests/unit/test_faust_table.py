@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 from astraflow.log import Message
 from astraflow.schemas.codec import Codec
-from astraflow.streams.faust_table import PendingTable, entry_key
-from astraflow.streams.operators import GroupBuffer
-from astraflow.streams.processing import Arrival
+from astraflow.streams.operators.base import GroupBuffer
+from astraflow.streams.runtimes.faust_table import PendingTable, entry_key
+from astraflow.streams.runtimes.processing import Arrival
 from tests.unit.test_stream_operators import traj
 
 CODEC = Codec()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import load_config
-from astraflow.context import ComponentContext
-from astraflow.producers.feeder import Spares, TaskFeeder
+from astraflow.producers.feeder.component import Spares, TaskFeeder
+from astraflow.runtime.context import ComponentContext
 from astraflow.tasks.base import Problem
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"

@@ -13,16 +13,21 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.attach import decode_snapshot
 from astraflow.config import parse_config
-from astraflow.consumers.trainer import Trainer
-from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
+from astraflow.consumers.trainer.component import Trainer
+from astraflow.core.errors import ConfigError
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import TrainSample, Trajectory, Turn
-from astraflow.streams.advantage import GigpoStepAdvantage, GrpoAdvantage, anchor_states, gigpo_token_advantages
-from astraflow.streams.mixing import ReplayMixer
-from astraflow.streams.native import NativeStreamProcessor
-from astraflow.streams.operators import Group
+from astraflow.streams.operators.advantage import (
+    GigpoStepAdvantage,
+    GrpoAdvantage,
+    anchor_states,
+    gigpo_token_advantages,
+)
+from astraflow.streams.operators.base import Group
+from astraflow.streams.operators.mixing import ReplayMixer
+from astraflow.streams.runtimes.native import NativeStreamProcessor
 from astraflow.training.loss import ppo_clip_loss
 from astraflow.training.step import PolicyExample, collate
 from tests.unit.test_stream_operators import read_all, traj

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from astraflow.streams.advantage import grpo_advantages, is_zero_variance
+from astraflow.streams.operators.advantage import grpo_advantages, is_zero_variance
 
 ROOT3_2 = math.sqrt(3) / 2
 

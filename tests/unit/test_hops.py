@@ -26,13 +26,13 @@ from typer.testing import CliRunner
 
 from astraflow.analysis.hops import HopRow, percentile
 from astraflow.analysis.stats import collect_stats
-from astraflow.attach import open_run
 from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
 from astraflow.log import open_log
+from astraflow.runtime.attach import open_run
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import LedgerEntry, Metric, OffsetRange, RolloutTask, TrainSample
-from astraflow.topics import RunTopics
 from tests.unit.recorded_run import trajectory
 
 RUN = "chain"

@@ -17,9 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from astraflow.config import AgentConfig, parse_config
+from astraflow.core.errors import ConfigError
 from astraflow.envs.base import EnvError
 from astraflow.envs.http import HttpEnv
-from astraflow.errors import ConfigError
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.catalog import open_environments
 

@@ -6,7 +6,7 @@ what a failed ``flush`` says when a fatal error was only logged.
 
 import pytest
 
-from astraflow.log.kafka_producer import KafkaProducer
+from astraflow.log.kafka.producer import KafkaProducer
 
 
 def test_a_mark_is_settled_once_every_record_before_it_is_reported_in_any_order() -> None:
@@ -35,7 +35,7 @@ def test_a_purge_after_a_fatal_error_known_only_from_its_log_line_names_the_refu
     handed to the producer's librdkafka logger as librdkafka hands it), not 'Purged in queue'."""
     from confluent_kafka import KafkaError
 
-    from astraflow.errors import DeliveryError
+    from astraflow.core.errors import DeliveryError
 
     producer = KafkaProducer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "sasl.username": "analysis"})
     producer._log.log(

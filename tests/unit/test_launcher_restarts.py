@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.chaos.faults import schedule
-from astraflow.launch.launcher import MAX_RESTARTS, RESTART_WINDOW_S, Child, CrashLoopError
+from astraflow.infra.launch.launcher import MAX_RESTARTS, RESTART_WINDOW_S, Child, CrashLoopError
 
 
 class Clock:
@@ -94,7 +94,7 @@ while True:
 
 def test_the_evaluators_are_stopped_after_every_other_component_exited(tmp_path: Path) -> None:
     """So that each scores the version its trainer ended with (``eval.final``)."""
-    from astraflow.launch.launcher import stop_children
+    from astraflow.infra.launch.launcher import stop_children
 
     kinds = {"evaluate": "evaluate", "train": "train", "rollout-0": "rollout", "evaluate-system": "evaluate"}
     children = [

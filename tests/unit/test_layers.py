@@ -1,13 +1,20 @@
 """No two modules of ``astraflow`` import each other, directly or through others.
 
 import-linter's contracts (pyproject.toml) keep packages in their layers; this keeps modules out of
-cycles, inside a package too. Imports inside functions count (a lazy import of our own module still
-ties two modules together); ``if TYPE_CHECKING:`` imports do not, as they never run.
+cycles, inside a package too, and no module grows past ``MAX_MODULE_LINES``. Every import counts:
+inside functions (a lazy import of our own module still ties two modules together) and under
+``if TYPE_CHECKING:`` (a type-only import is still an arrow between two modules: a Protocol on the
+importing side, or the type moved down, breaks it).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grimp
+
+PACKAGE = Path(__file__).resolve().parents[2] / "astraflow"
+MAX_MODULE_LINES = 400
 
 
 def import_cycles(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
@@ -31,5 +38,11 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_module_of_astraflow_is_in_an_import_cycle() -> None:
-    graph = grimp.build_graph("astraflow", exclude_type_checking_imports=True)
+    graph = grimp.build_graph("astraflow", exclude_type_checking_imports=False)
     assert import_cycles(graph) == []
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    sizes = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 100, "the walk found too few modules"
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}

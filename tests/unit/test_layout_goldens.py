@@ -36,16 +36,16 @@ import pytest
 import torch
 
 from astraflow.basemodel.sft import supervised_warmup
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
 from astraflow.config import RunConfig, load_config
-from astraflow.consumers.evaluator import Evaluator
-from astraflow.context import ComponentContext
+from astraflow.consumers.evaluators.policy import Evaluator
 from astraflow.engines import build_engine
-from astraflow.evaluation.heldout import evaluate_exact_match
+from astraflow.engines.loading import save_policy
+from astraflow.episodes.heldout import evaluate_exact_match
 from astraflow.log import TopicPartition
-from astraflow.models.loading import save_policy
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
-from astraflow.streams.native import NativeStreamProcessor
+from astraflow.streams.runtimes.native import NativeStreamProcessor
 from astraflow.tasks.arithmetic import exact_match_reward
 from astraflow.tasks.datasets import load_policy_split
 from astraflow.weights.payload import to_transfer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from astraflow.log.librdkafka_log import LOGGER_NAME, RepeatFilter, librdkafka_logger
+from astraflow.log.kafka.librdkafka import LOGGER_NAME, RepeatFilter, librdkafka_logger
 
 
 def line(text: str, level: int = logging.ERROR) -> logging.LogRecord:

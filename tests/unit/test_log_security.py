@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from astraflow.config import KafkaSecurity, parse_config
 from astraflow.config.run import dump_config
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 from astraflow.log import TopicSpec, open_log
 
 SECRET = "s3cret-not-in-any-file"
@@ -156,7 +156,7 @@ def test_librdkafka_builds_clients_from_the_settings(tmp_path: Path, monkeypatch
 def test_faust_gets_the_same_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from astraflow.streams.faust_consumer import broker_credentials
+    from astraflow.streams.runtimes.faust_consumer import broker_credentials
 
     monkeypatch.setenv("ASTRAFLOW_TEST_KAFKA_PASSWORD", SECRET)
     ca, key = self_signed(tmp_path)
@@ -194,7 +194,7 @@ def test_the_embedded_log_file_is_its_owners_only(tmp_path: Path) -> None:
 
 
 def test_with_role_credentials_each_component_logs_in_as_its_role(tmp_path: Path) -> None:
-    from astraflow.streams.faust_consumer import broker_credentials
+    from astraflow.streams.runtimes.faust_consumer import broker_credentials
 
     credentials = tmp_path / "security"
     credentials.mkdir()

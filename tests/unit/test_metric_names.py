@@ -1,4 +1,4 @@
-"""The metric-name catalogue (``astraflow.metric_names``): well formed, unique, documented, and the
+"""The metric-name catalogue (``astraflow.core.metric_names``): well formed, unique, documented, and the
 only source of the names that components pass to ``ComponentContext.metric``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import astraflow
-from astraflow import metric_names
+from astraflow.core import metric_names
 
 PACKAGE = Path(astraflow.__file__).parent
 NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")

@@ -12,11 +12,8 @@ import torch
 
 from astraflow.analysis.prometheus import RunMetrics, exposed_name
 from astraflow.config import load_config
-from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
-from astraflow.launch.monitor import RunMonitor
-from astraflow.log import open_log
-from astraflow.metric_names import (
+from astraflow.core.errors import ConfigError
+from astraflow.core.metric_names import (
     EVAL_ACCURACY,
     LAUNCHER_RESTARTS,
     ROLLOUT_TRAJECTORIES,
@@ -24,9 +21,12 @@ from astraflow.metric_names import (
     TRAIN_LOSS,
     TRAIN_VERSION,
 )
-from astraflow.rundir import RunDir
+from astraflow.core.rundir import RunDir
+from astraflow.infra.launch.monitor import RunMonitor
+from astraflow.log import open_log
+from astraflow.runtime.context import ComponentContext
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.records import Metric
-from astraflow.topics import RunTopics
 from tests.exporters import read_scalars
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -112,8 +112,8 @@ def test_the_run_monitor_writes_each_metric_as_a_tensorboard_scalar_stepped_by_v
 def test_a_checkpointed_version_exports_as_a_directory_plain_transformers_loads(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from astraflow.models.loading import load_policy
-    from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
+    from astraflow.basemodel.tiny import TinyModelSpec, create_tiny_checkpoint
+    from astraflow.engines.loading import load_policy
     from astraflow.training.checkpoint import CheckpointStore, TrainerState
     from astraflow.training.export import export_version
 
@@ -154,8 +154,8 @@ def test_without_the_monitor_extra_each_exporter_says_how_to_install_it(
 
     from astraflow.analysis.prometheus import serve
     from astraflow.analysis.tensorboard import TensorBoardWriter
-    from astraflow.attach import AttachedRun
-    from astraflow.errors import MissingDependencyError
+    from astraflow.core.errors import MissingDependencyError
+    from astraflow.runtime.attach import AttachedRun
 
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # what a missing package imports as
     monkeypatch.setitem(sys.modules, "prometheus_client", None)

@@ -8,12 +8,12 @@ from pathlib import Path
 from rich.console import Console
 
 from astraflow.config import load_config
-from astraflow.context import ComponentContext
-from astraflow.launch.monitor import RunMonitor
-from astraflow.launch.progress import ProgressLines
+from astraflow.core.metric_names import EVAL_ACCURACY, ROLLOUT_VERSION_LAG, TRAIN_VERSION, TRAIN_WAIT_SECONDS
+from astraflow.infra.launch.monitor import RunMonitor
+from astraflow.infra.launch.progress import ProgressLines
 from astraflow.log import open_log
-from astraflow.metric_names import EVAL_ACCURACY, ROLLOUT_VERSION_LAG, TRAIN_VERSION, TRAIN_WAIT_SECONDS
-from astraflow.topics import RunTopics
+from astraflow.runtime.context import ComponentContext
+from astraflow.runtime.topics import RunTopics
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

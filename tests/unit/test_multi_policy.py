@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.errors import ConfigError
-from astraflow.evaluation.judged import majority, pick
-from astraflow.launch.launcher import plan
-from astraflow.producers.feeder import PolicyBudget, policy_budgets
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.collab import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
-from astraflow.producers.workflows.factory import build_run_workflow
+from astraflow.core.errors import ConfigError
+from astraflow.episodes.judged import majority, pick
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.collab import NEAR_MISSES, balanced_candidates, judge_answer_reward, near_miss
+from astraflow.episodes.workflows.factory import build_run_workflow
+from astraflow.infra.launch.launcher import plan
+from astraflow.producers.feeder.component import PolicyBudget, policy_budgets
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.arithmetic import addition_problems, judge_problems, judge_reward, judgement
 from astraflow.tasks.datasets import load_policy_split
@@ -269,8 +269,8 @@ def test_the_saved_config_loads_back_with_the_same_policies(tmp_path: Path) -> N
 
 
 def test_lockstep_tasks_carry_the_versions_producers_wait_for(tmp_path: Path) -> None:
-    from astraflow.context import ComponentContext
-    from astraflow.producers.feeder import TaskFeeder
+    from astraflow.producers.feeder.component import TaskFeeder
+    from astraflow.runtime.context import ComponentContext
     from astraflow.tasks.base import Problem
 
     ctx = ComponentContext(load_config(EXAMPLE, {"mode": "lockstep", "stream.max_staleness": 0}), tmp_path, "feed")

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from astraflow.basemodel.tiny import build_char_tokenizer
 from astraflow.config import AgentConfig
+from astraflow.core.errors import ConfigError, RewardError
 from astraflow.envs.base import EnvError, EpisodeEnv, StepResult
-from astraflow.envs.episodes import AgentLimits
 from astraflow.envs.server import EnvServer
-from astraflow.errors import ConfigError, RewardError
-from astraflow.models.tiny import build_char_tokenizer
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.factory import build_workflow
-from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
+from astraflow.episodes.loop import AgentLimits
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.factory import build_workflow
+from astraflow.episodes.workflows.multiturn import MultiTurnWorkflow
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.rooms.env import RoomsLayout
 from astraflow.tasks.rooms.server import rooms_factory

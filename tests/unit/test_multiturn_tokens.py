@@ -16,19 +16,19 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import StreamConfig
 from astraflow.engines.base import TurnSample
 from astraflow.engines.torch_engine import TorchEngine
 from astraflow.envs.base import EpisodeEnv, StepResult
-from astraflow.envs.episodes import AgentLimits
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.multiturn import MultiTurnWorkflow
+from astraflow.episodes.loop import AgentLimits
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.multiturn import MultiTurnWorkflow
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.schemas.validation import validate
-from astraflow.streams.operators import Group
-from astraflow.streams.pipeline import build_pipeline
+from astraflow.streams.operators.base import Group
+from astraflow.streams.operators.pipeline import build_pipeline
 from astraflow.tasks.search.facts import ALPHABET
 from astraflow.training.loss import ppo_clip_loss
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, collate, response_logprobs

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import parse_config
-from astraflow.context import ComponentContext
-from astraflow.errors import NonFiniteStepError
+from astraflow.core.errors import NonFiniteStepError
 from astraflow.log import Message
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.feeder import TaskFeeder
-from astraflow.producers.rollout import task_problem
+from astraflow.producers.feeder.component import TaskFeeder
+from astraflow.producers.rollout.component import task_problem
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, PromptStats, RolloutTask, TrainSample
-from astraflow.streams.native import NativeStreamProcessor
+from astraflow.streams.runtimes.native import NativeStreamProcessor
 from astraflow.tasks.base import Problem
 from astraflow.training.backends.torch_adamw import TorchBackend
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer

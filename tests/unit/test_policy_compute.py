@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from astraflow.basemodel.sft import supervised_warmup
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import load_config, write_config_over
+from astraflow.core.errors import ConfigError
+from astraflow.engines.loading import load_policy, save_policy
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.errors import ConfigError
-from astraflow.evaluation.heldout import evaluate_exact_match
-from astraflow.models.loading import load_policy, save_policy
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.episodes.heldout import evaluate_exact_match
 from astraflow.tasks.arithmetic import addition_problems
 from astraflow.training.learner import step_config
 from astraflow.training.step import (

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.engines.sampling import PrefixCache, sample
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.envs.episodes import AgentLimits, play
-from astraflow.models.sampling import PrefixCache, sample
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.episodes.loop import AgentLimits, play
 from astraflow.schemas.records import RolloutTask
 from astraflow.tasks.search.facts import ALPHABET
 from tests.unit.test_multiturn_tokens import Chatter

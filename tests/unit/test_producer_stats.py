@@ -8,7 +8,7 @@ import pytest
 
 from astraflow.analysis.producer_stats import ProducerTally, producer_rows
 from astraflow.analysis.stats import collect_stats
-from astraflow.attach import open_run
+from astraflow.runtime.attach import open_run
 from astraflow.schemas.records import Metric
 from tests.unit.recorded_run import record_run
 

@@ -9,7 +9,7 @@ import pytest
 
 from astraflow.analysis.record_filter import Condition, RecordFilter, parse_where
 from astraflow.analysis.tail import tail_topic
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 from astraflow.schemas.records import Metric, PromptStats, TrainSample
 from tests.unit.recorded_run import RUN, record_run, trajectory
 

@@ -11,18 +11,19 @@ import numpy as np
 import pytest
 from fastavro import schemaless_writer
 
-from astraflow.attach import open_run
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.errors import ConfigError
-from astraflow.launch.replay import IDLE_S, ReplayMonitor, check_compatible, parse_time_ms, replay_config
-from astraflow.launch.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
+from astraflow.core.errors import ConfigError
+from astraflow.infra.launch.replay import IDLE_S, ReplayMonitor, check_compatible, parse_time_ms, replay_config
+from astraflow.infra.launch.replay_source import ORIGIN_HEADER, ReplaySource, ReplaySpan, plan_span
 from astraflow.log import TopicPartition, TopicSpec, open_log
+from astraflow.runtime.attach import open_run
+from astraflow.runtime.schema_store import LogSchemaStore
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import MAGIC
-from astraflow.schemas.store import LogSchemaStore, writer_schema
-from astraflow.streams.advantage import sft_advantages
-from astraflow.streams.operators import Group
-from astraflow.streams.pipeline import build_pipeline
-from astraflow.topics import RunTopics
+from astraflow.schemas.store import writer_schema
+from astraflow.streams.operators.advantage import sft_advantages
+from astraflow.streams.operators.base import Group
+from astraflow.streams.operators.pipeline import build_pipeline
 from tests.unit.recorded_run import RUN, RecordedRun, record_run, trajectory
 
 TOPIC = f"{RUN}.trajectories.main"

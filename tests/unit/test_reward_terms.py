@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import DeadLetter, TrainSample, Trajectory
-from astraflow.streams.advantage import grpo_advantages
-from astraflow.streams.native import NativeStreamProcessor
-from astraflow.streams.operators import Group
-from astraflow.streams.pipeline import build_pipeline
+from astraflow.streams.operators.advantage import grpo_advantages
+from astraflow.streams.operators.base import Group
+from astraflow.streams.operators.pipeline import build_pipeline
+from astraflow.streams.runtimes.native import NativeStreamProcessor
 from tests.unit.test_stream_operators import read_all, traj
 
 SHAPED = [{"op": "reward_terms", "weights": {"invalid": -0.1}}, {"op": "grpo"}, {"op": "zero_variance"}]

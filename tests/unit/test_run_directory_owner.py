@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import RunConfig, dump_config, load_config
-from astraflow.errors import AstraFlowError
-from astraflow.launch.launcher import refuse_another_runs_directory
-from astraflow.rundir import RunDir
+from astraflow.core.errors import AstraFlowError
+from astraflow.core.rundir import RunDir
+from astraflow.infra.launch.launcher import refuse_another_runs_directory
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math" / "config.yaml"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import ScalerConfig
-from astraflow.launch.pool import ProducerPool
+from astraflow.infra.launch.pool import ProducerPool
 from astraflow.scaler.rule import AutoScaler, Observation, ScalerWindow, capped, decide
 from astraflow.schemas.records import Metric
 

@@ -21,15 +21,15 @@ import numpy as np
 import pytest
 from fastavro import schemaless_writer
 
-from astraflow.errors import SchemaError, UnknownSchemaError
+from astraflow.core.errors import SchemaError, UnknownSchemaError
 from astraflow.log import TopicPartition, open_log
+from astraflow.runtime.schema_store import LogSchemaStore
 from astraflow.schemas import (
     RECORD_TYPES,
     SCHEMA_TOPIC,
     Codec,
     DeadLetter,
     LedgerEntry,
-    LogSchemaStore,
     Metric,
     OffsetRange,
     PromptStats,

@@ -16,11 +16,11 @@ import pytest
 from pydantic import ValidationError
 
 from astraflow.config import WeightsConfig, parse_config
-from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
+from astraflow.core.errors import ConfigError
 from astraflow.log import TopicPartition
+from astraflow.runtime.context import ComponentContext
+from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.records import DeadLetter, TensorSpec, WeightChunk
-from astraflow.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.weights.follow import WeightFollower, follow_weights
 from astraflow.weights.publish import WeightPublisher
 from astraflow.weights.signing import ManifestSigner, ManifestVerifier, generate_key_pair

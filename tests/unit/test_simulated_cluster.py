@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
 from astraflow.config import dump_config, load_config, parse_config
+from astraflow.core.errors import ConfigError
 from astraflow.engines import build_engine
 from astraflow.engines.simulated import DecodeTimeModel, ResponseLengths, SimulatedEngine, arithmetic_answer
-from astraflow.errors import ConfigError
-from astraflow.launch.launcher import plan
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, create_tiny_checkpoint
+from astraflow.infra.launch.launcher import plan
 from astraflow.tasks.arithmetic import extract_answer
 from astraflow.training.backends.simulated import SimulatedBackend, SimulatedLearner, TrainTimeModel
 from astraflow.training.learner import build_backend

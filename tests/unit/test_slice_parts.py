@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from astraflow.config import load_config, parse_config
-from astraflow.consumers.trainer import BatchAssembler
-from astraflow.context import ComponentContext
-from astraflow.errors import ConfigError
+from astraflow.consumers.trainer.component import BatchAssembler
+from astraflow.core.errors import ConfigError
 from astraflow.log import Message
-from astraflow.producers.feeder import TaskFeeder
+from astraflow.producers.feeder.component import TaskFeeder
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import TrainSample
 from astraflow.tasks.base import Problem
 from astraflow.training.checkpoint import CheckpointStore, TrainerState
@@ -141,7 +141,7 @@ def test_no_checkpoint_restores_nothing(tmp_path: Path) -> None:
 def test_a_restarted_trainer_recalls_the_ids_it_trained_before_its_checkpoint(ctx: ComponentContext) -> None:
     from types import SimpleNamespace
 
-    from astraflow.consumers.trainer import Trainer
+    from astraflow.consumers.trainer.component import Trainer
     from astraflow.log import TopicPartition
 
     topic = ctx.topics.samples("main")

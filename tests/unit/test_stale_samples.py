@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from astraflow.attach import decode_snapshot
-from astraflow.consumers.batch_assembler import BatchAssembler
-from astraflow.consumers.trainer import Trainer
-from astraflow.context import ComponentContext
+from astraflow.consumers.trainer.batch_assembler import BatchAssembler
+from astraflow.consumers.trainer.component import Trainer
 from astraflow.log import Message
-from astraflow.producers.feedback import FeedbackReader
+from astraflow.producers.feeder.feedback import FeedbackReader
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import LedgerEntry, PromptStats, TrainSample
 from tests.unit.test_trainer_reference import GROUP, recorded_samples
 from tests.unit.tiny_trainer import stopping_at, tiny_math_config

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import dump_config, load_config, parse_config
-from astraflow.errors import ConfigError
-from astraflow.streams.pipeline import build_pipeline
+from astraflow.core.errors import ConfigError
+from astraflow.streams.operators.pipeline import build_pipeline
 
 EXAMPLE = """
 stream:

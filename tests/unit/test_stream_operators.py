@@ -13,29 +13,29 @@ from pydantic import TypeAdapter
 
 from astraflow.config import StreamConfig, parse_config
 from astraflow.config.pipeline import OperatorSpec
-from astraflow.context import ComponentContext
 from astraflow.log import TopicPartition
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import Metric, TrainSample, Trajectory
 from astraflow.schemas.validation import Limits, validate
-from astraflow.streams.advantage import (
+from astraflow.streams.operators.advantage import (
     DrGrpoAdvantage,
     GrpoAdvantage,
     ReinforcePPAdvantage,
     RewardNormaliser,
     RlooAdvantage,
 )
-from astraflow.streams.filters import (
+from astraflow.streams.operators.base import OPERATORS, Group, GroupBuffer
+from astraflow.streams.operators.filters import (
     DuplicateFilter,
     ResponseLengthFilter,
     RewardRangeFilter,
     StalenessFilter,
     ZeroVarianceFilter,
 )
-from astraflow.streams.mixing import OfflineMixer, ReplayMixer
-from astraflow.streams.native import NativeStreamProcessor
-from astraflow.streams.operators import OPERATORS, Group, GroupBuffer
-from astraflow.streams.ordering import EdfOrdering, FifoOrdering
-from astraflow.streams.pipeline import build_pipeline
+from astraflow.streams.operators.mixing import OfflineMixer, ReplayMixer
+from astraflow.streams.operators.ordering import EdfOrdering, FifoOrdering
+from astraflow.streams.operators.pipeline import build_pipeline
+from astraflow.streams.runtimes.native import NativeStreamProcessor
 
 
 def traj(group: str, index: int, reward: float, version: int = 0, size: int = 4, n: int = 3) -> Trajectory:
@@ -439,7 +439,7 @@ def test_the_feeders_fresh_groups_fill_every_lockstep_batch_and_no_more(
     previous version; with what the replay mixer adds they must reach every batch, the first
     included, or the run waits for ever, and the surplus must not grow, or the trainer's backlog
     does and it trains ever staler samples."""
-    from astraflow.producers.feeder import PolicyBudget
+    from astraflow.producers.feeder.component import PolicyBudget
 
     batch_groups = -(-batch // group_size)  # the trainer cuts batches at whole groups
     budget = PolicyBudget(0, batch_groups, 1, ratio)

@@ -14,11 +14,11 @@ import pytest
 
 from astraflow.log import Message
 from astraflow.schemas.codec import Codec
-from astraflow.streams.advantage import ReinforcePPAdvantage, RewardNormaliser
-from astraflow.streams.changelog import CLOSED_SLOTS, Changelog, pending_key
-from astraflow.streams.mixing import ReplayMixer
-from astraflow.streams.operators import Group, GroupBuffer, StatefulOperator
-from astraflow.streams.pending import restore, snapshot, snapshot_offsets
+from astraflow.streams.operators.advantage import ReinforcePPAdvantage, RewardNormaliser
+from astraflow.streams.operators.base import Group, GroupBuffer, StatefulOperator
+from astraflow.streams.operators.mixing import ReplayMixer
+from astraflow.streams.runtimes.changelog import CLOSED_SLOTS, Changelog, pending_key
+from astraflow.streams.runtimes.pending import restore, snapshot, snapshot_offsets
 from tests.unit.test_stream_operators import traj
 
 CODEC = Codec()

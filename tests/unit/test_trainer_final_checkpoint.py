@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from astraflow.consumers.trainer import Trainer
-from astraflow.context import ComponentContext
-from astraflow.rundir import RunDir
+from astraflow.consumers.trainer.component import Trainer
+from astraflow.core.rundir import RunDir
+from astraflow.runtime.context import ComponentContext
 from astraflow.training.checkpoint import checkpointed_versions, read_latest_state
 from tests.unit.test_trainer_reference import recorded_samples
 from tests.unit.tiny_trainer import stopping_at, tiny_math_config

@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from astraflow.consumers.trainer import Trainer
-from astraflow.context import ComponentContext
+from astraflow.consumers.trainer.component import Trainer
+from astraflow.core.rundir import RunDir
 from astraflow.log import TopicSpec, open_log
-from astraflow.rundir import RunDir
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import TrainSample
 from astraflow.training.checkpoint import read_latest_state
 from tests.unit.test_trainer_reference import recorded_samples

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from astraflow.config import parse_config
-from astraflow.launch.ranks import MAX_RESTARTS, RankLaunch, launcher_argv
+from astraflow.infra.launch.ranks import MAX_RESTARTS, RankLaunch, launcher_argv
 from astraflow.training.distributed import TOKEN_KEY, Ranks, _join_store, _listening, share
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
 

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.attach import decode_snapshot
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, create_tiny_checkpoint
 from astraflow.config import load_config
-from astraflow.consumers.trainer import Trainer
-from astraflow.context import ComponentContext
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, create_tiny_checkpoint
+from astraflow.consumers.trainer.component import Trainer
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import TrainSample, Trajectory
 
 REPO = Path(__file__).resolve().parents[2]

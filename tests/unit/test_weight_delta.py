@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import WeightsConfig, parse_config
-from astraflow.errors import ConfigError, WeightsError
+from astraflow.core.errors import ConfigError, WeightsError
 from astraflow.log import Producer, open_log
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, RunTopics
 from astraflow.weights.delta import apply_section, decode_section, encode_bits, pad8, parse_section
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import build_payload, read_payload, to_transfer

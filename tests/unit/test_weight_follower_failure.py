@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.errors import LogError, WeightFollowerError
-from astraflow.launch.launcher import Child
+from astraflow.core.errors import LogError, WeightFollowerError
+from astraflow.infra.launch.launcher import Child
 from astraflow.log import open_log
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
-from astraflow.topics import RunTopics
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.publish import WeightPublisher
 from tests.unit.test_weight_delta import random_state

@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from astraflow.basemodel.sft import answer_examples
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config import WeightsConfig
-from astraflow.evaluation.heldout import evaluate_exact_match
+from astraflow.episodes.heldout import evaluate_exact_match
 from astraflow.log import open_log
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.tasks.arithmetic import addition_problems
-from astraflow.topics import RunTopics
 from astraflow.training.step import collate, response_logprobs
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import to_transfer

@@ -12,10 +12,11 @@ from fastavro import schemaless_writer
 
 from astraflow.config import RunConfig, WeightsConfig
 from astraflow.log import Log, Producer, TopicPartition, open_log
+from astraflow.runtime.schema_store import LogSchemaStore
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.schemas.store import LogSchemaStore, packaged_schemas
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
+from astraflow.schemas.store import packaged_schemas
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.publish import WeightPublisher
 from astraflow.weights.start import WINDOW

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from astraflow.config import WeightsConfig
-from astraflow.errors import ConfigError, WeightsError
+from astraflow.core.errors import ConfigError, WeightsError
 from astraflow.log import open_log
+from astraflow.runtime.topics import MiB, RunTopics
 from astraflow.schemas.codec import Codec
-from astraflow.topics import MiB, RunTopics
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import to_transfer
 from astraflow.weights.publish import WeightPublisher

@@ -9,9 +9,9 @@ import torch
 
 from astraflow.config import WeightsConfig
 from astraflow.log import open_log
+from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.weights.follow import WeightFollower
 from astraflow.weights.publish import WeightPublisher
 

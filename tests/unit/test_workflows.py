@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from astraflow.core.errors import ConfigError, RewardError
 from astraflow.engines.torch_engine import TorchEngine
-from astraflow.errors import ConfigError, RewardError
-from astraflow.models.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.producers.workflows.base import Provenance
-from astraflow.producers.workflows.factory import build_workflow
-from astraflow.producers.workflows.single_turn import SingleTurnWorkflow
+from astraflow.episodes.workflows.base import Provenance
+from astraflow.episodes.workflows.factory import build_workflow
+from astraflow.episodes.workflows.single_turn import SingleTurnWorkflow
 from astraflow.schemas.records import RolloutTask
 
 PROVENANCE = Provenance("rollout-test-1", "eu", "cpu:x86_64x1")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from astraflow.basemodel.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.config import RunConfig, load_config
-from astraflow.consumers.trainer import Trainer
-from astraflow.models.tiny import TinyModelSpec, create_tiny_checkpoint
+from astraflow.consumers.trainer.component import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 

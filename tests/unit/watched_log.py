@@ -57,17 +57,17 @@ class WatchedLog:
 
 def main() -> None:
     """``astraflow`` with every component's run log watched, its weights reads failing."""
-    import astraflow.context
+    import astraflow.runtime.context
     from astraflow.cli import main as astraflow_main
 
-    real = astraflow.context.open_run_log
+    real = astraflow.runtime.context.open_run_log
 
     def failing(config, run_dir, component=None) -> WatchedLog:
         log = WatchedLog(real(config, run_dir, component))
         log.fail.set()
         return log
 
-    astraflow.context.open_run_log = failing
+    astraflow.runtime.context.open_run_log = failing
     sys.argv = ["astraflow", *sys.argv[1:]]
     astraflow_main()
 

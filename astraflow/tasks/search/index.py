@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError
 
 TERM = re.compile(r"[a-z0-9]+")
 

@@ -16,20 +16,12 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from astraflow.training.checkpoint import TrainerState, is_deepspeed, load_sharded, save_sharded
+from astraflow.training.checkpoint import OptimizerState, TrainerState, is_deepspeed, load_sharded, save_sharded
 
 if TYPE_CHECKING:
     import torch
-
-
-class OptimizerState(Protocol):
-    """What ``CheckpointStore`` needs of an optimizer."""
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
 
 
 class TrainerBackend(ABC):
@@ -52,7 +44,7 @@ class TrainerBackend(ABC):
     def sharded_parts(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """The module and the torch optimizer a checkpoint of several ranks saves and loads with
         ``torch.distributed.checkpoint`` (``training/checkpoint.py``)."""
-        from astraflow.errors import ConfigError
+        from astraflow.core.errors import ConfigError
 
         raise ConfigError(
             f"{type(self).__name__} cannot write or read a checkpoint of several ranks "
@@ -72,7 +64,7 @@ class TrainerBackend(ABC):
     def load_shards(self, directory: Path) -> TrainerState:
         """Load a checkpoint that ``save_shards`` wrote, under any world size (a collective); its state."""
         if is_deepspeed(directory):
-            from astraflow.errors import ConfigError
+            from astraflow.core.errors import ConfigError
 
             raise ConfigError(
                 f"{directory} is a checkpoint of the deepspeed backend (DeepSpeed's format): resume it with "

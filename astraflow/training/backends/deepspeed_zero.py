@@ -40,8 +40,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from astraflow.errors import ConfigError, MissingDependencyError
-from astraflow.rundir import cache_root
+from astraflow.core.errors import ConfigError, MissingDependencyError
+from astraflow.core.rundir import cache_root
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.checkpoint import DEEPSPEED, DEEPSPEED_TAG, TrainerState, is_deepspeed, read_state
 from astraflow.training.distributed import SINGLE, Ranks, init_group, rank_device

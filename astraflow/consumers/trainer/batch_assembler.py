@@ -1,0 +1,127 @@
+"""Cuts a policy's sample stream into batches of whole groups, strictly in the order read.
+
+A batch is a prefix of what was read, and each samples partition arrives in offset order, so a
+batch covers, per partition, every record below its last one there that no earlier batch took.
+Stale groups in that prefix (generated before the oldest version the trainer may train on) are
+consumed with it but trained in no batch: the bound ``max_staleness`` holds where it matters, at
+the optimizer step, even for samples that waited in the samples topic after the stream passed them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from astraflow.core.errors import AstraFlowError
+from astraflow.log import Log, Message, TopicPartition
+from astraflow.schemas.codec import Codec
+from astraflow.schemas.records import TrainSample
+
+
+class BatchAssembler:
+    """Cuts the sample stream into batches of whole groups, strictly in offset order.
+
+    A dead-lettered member (``fail``) counts towards its group like a sample, so the group
+    completes; the batch holds only the samples, with every message it covers.
+    """
+
+    def __init__(self, batch_samples: int, group_size: int, remember: int = 200_000) -> None:
+        self.batch_samples = batch_samples
+        self.group_size = group_size
+        self.buffer: list[tuple[TrainSample | None, Message, str, int]] = []
+        """In offset order: the sample (``None``: dead-lettered), its message, its group id and size."""
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember
+        self.duplicates = 0
+        self.stale: list[tuple[TrainSample | None, Message]] = []
+        """The stale groups' records of the last batch's prefix (``take``)."""
+
+    def remember(self, sample_id: str) -> bool:
+        """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
+        if sample_id in self._seen:
+            return False
+        self._seen[sample_id] = None
+        if len(self._seen) > self._remember:
+            self._seen.popitem(last=False)
+        return True
+
+    def add(self, sample: TrainSample, message: Message) -> None:
+        if not self.remember(sample.sample_id):
+            self.duplicates += 1
+            return
+        self.buffer.append((sample, message, sample.trajectory.group_id, sample.trajectory.group_size))
+
+    def fail(self, message: Message, group_id: str | None) -> None:
+        """Count a dead-lettered sample of ``group_id`` (the record key; ``None``: its own group of one)."""
+        if group_id is None:
+            self.buffer.append((None, message, f"{message.partition}@{message.offset}", 1))
+        else:
+            self.buffer.append((None, message, group_id, self.group_size))
+
+    def take(self, oldest_version: int | None = None) -> list[tuple[TrainSample | None, Message]] | None:
+        """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
+        when the buffer's prefix holds enough whole groups.
+
+        With ``oldest_version``, a group with a fresh (not replayed) sample generated before it is
+        stale: it takes no place in the batch, and the records of it in the batch's prefix are in
+        ``stale`` after the call, (sample, message) each, consumed with the batch."""
+        stale_groups = set()
+        if oldest_version is not None:
+            stale_groups = {
+                gid
+                for sample, _, gid, _ in self.buffer
+                if sample is not None and not sample.replayed and sample.trajectory.min_version < oldest_version
+            }
+        self.stale = []
+        remaining: dict[str, int] = {}
+        fresh = 0
+        for index, (_, _, gid, size) in enumerate(self.buffer):
+            if gid in stale_groups:
+                continue
+            fresh += 1
+            remaining[gid] = remaining.get(gid, size) - 1
+            if remaining[gid] <= 0:
+                del remaining[gid]
+            if fresh >= self.batch_samples and not remaining:
+                prefix, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
+                self.stale = [(sample, message) for sample, message, gid, _ in prefix if gid in stale_groups]
+                return [(sample, message) for sample, message, gid, _ in prefix if gid not in stale_groups]
+        return None
+
+
+def recall_trained(
+    log: Log,
+    codec: Codec,
+    offsets: dict[int, int],
+    partitions: list[TopicPartition],
+    assembler: BatchAssembler,
+    window: int,
+) -> None:
+    """After a restart, re-read the ids of the last ``window`` samples below ``offsets`` (the
+    checkpointed ones, by partition) into ``assembler``'s memory.
+
+    A stream processor that crashed between emitting a group and committing its input emits the
+    group again; the copy lands right after the original. Remembering the ids trained just before
+    the checkpoint lets the dedup in ``BatchAssembler`` drop such a copy across trainer restarts too.
+    """
+    for tp in partitions:
+        end = offsets.get(tp.partition, 0)
+        if end == 0:
+            continue
+        reader = log.consumer()  # no group: reads without touching the trainer's offsets
+        try:
+            reader.assign([tp])
+            reader.seek(tp, max(0, end - window))
+            position = max(0, end - window)
+            while position < end:
+                messages = reader.poll(max_records=1024, timeout=1.0)
+                if not messages:
+                    break
+                for message in messages:
+                    position = message.offset + 1
+                    if message.offset < end:
+                        try:
+                            assembler.remember(codec.decode(message.value, expect=TrainSample).sample_id)
+                        except AstraFlowError:
+                            pass  # dead-lettered when it was first read
+        finally:
+            reader.close()

@@ -1,0 +1,63 @@
+"""The learner every rank of a policy's trainer builds, and the checkpoint each loads into it.
+
+Rank 0 (``component.Trainer``) and the other ranks (``ranks.TrainerRank``) build the same learner
+over the same base checkpoint and restore the checkpoint rank 0 chose, through these two functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from astraflow.runtime.base_checkpoint import base_checkpoint_path
+from astraflow.training.checkpoint import TrainerState, is_deepspeed, is_sharded, load_checkpoint
+from astraflow.training.distributed import SINGLE, Ranks
+
+if TYPE_CHECKING:
+    from astraflow.config import RunConfig
+    from astraflow.training.learner import Learner
+
+
+def build_rank_learner(config: RunConfig, run_dir: Path, ranks: Ranks = SINGLE) -> tuple[Learner, object]:
+    """The learner of this rank of a policy's trainer over the base checkpoint, and the tokenizer.
+
+    With several ranks it first joins the process group; every rank builds its learner at the same
+    time (DDP and FSDP2 synchronise the model as they wrap it).
+    """
+    import torch
+
+    from astraflow.engines.loading import load_policy
+    from astraflow.training.distributed import init_group
+    from astraflow.training.learner import build_learner, step_config
+
+    cfg = config.train
+    torch.set_num_threads(cfg.threads)
+    if ranks.distributed:
+        init_group(ranks)
+    model, tokenizer = load_policy(base_checkpoint_path(config, run_dir))
+    learner = build_learner(
+        cfg.backend,
+        model,
+        tokenizer.pad_token_id,
+        step_config(cfg, config.rollout),
+        deepspeed=cfg.deepspeed,
+        simulated=cfg.simulated,
+        fsdp=cfg.fsdp,
+        ranks=ranks,
+    )
+    return learner, tokenizer
+
+
+def restore_rank(learner: Learner, directory: Path | None, version: int) -> TrainerState | None:
+    """Load the checkpoint in ``directory`` (none: keep the base) into this rank's learner, which
+    then trains from ``version``; every rank does it with the directory rank 0 chose. A checkpoint of
+    several ranks (``sharded/``, or the deepspeed backend's ``deepspeed/``) loads whatever this world's
+    size; so does one of one rank (``model.pt``) where the backend can take full state dicts."""
+    restored = None
+    if directory is not None and (is_sharded(Path(directory)) or is_deepspeed(Path(directory))):
+        restored = learner.backend.load_shards(Path(directory))
+    elif directory is not None:
+        learner.backend.check_full_checkpoint(Path(directory))
+        restored = load_checkpoint(Path(directory), learner.backend.model_state, learner.optimizer)
+    learner.version = version
+    return restored
