@@ -1,6 +1,6 @@
 """``astraflow runs ls|show|rm``: runs as namespaces of topics, and as run directories.
 
-Every topic of a run is named ``{run}.{kind}.{name}`` (``topics.py``), so a run on any log is the
+Every topic of a run is named ``{run}.{kind}.{name}`` (``runtime/topics.py``), so a run on any log is the
 set of topics before the first dot; ``_astraflow.schemas`` belongs to no run and is never removed.
 On the embedded backend a run also has a directory (``runs/<run>`` by default) holding
 ``config.yaml``, ``log.sqlite``, ``metrics.jsonl``, ``summary.json``, checkpoints and logs.

@@ -1,6 +1,6 @@
 """Load a policy (model + tokenizer) from a local checkpoint directory.
 
-The same code loads the tiny models of ``tiny.py`` and any real Hugging Face causal LM that has
+The same code loads the tiny models of ``basemodel/tiny.py`` and any real Hugging Face causal LM that has
 been downloaded to disk; it never reaches the Hub (``local_files_only``). Real checkpoints differ
 from the tiny one in two ways handled here: many have no pad token (left padding then uses the
 eos token; padded positions are masked out everywhere), and they are stored in bf16/fp16, which

@@ -1,2 +1,4 @@
-"""Environments of multi-turn workflows: the contract, the bundled ones, the HTTP adapter, the
-catalog that builds them from the config, and the episode loop that plays them token-exactly."""
+"""Environments of multi-turn workflows: the contract, tool-call parsing, and the HTTP adapter with
+its bounded client and server. The bundled environments live with their tasks (``tasks/<domain>/``),
+the catalog that builds them from a config in ``tasks.catalog``, and the loop that plays them
+token-exactly in ``episodes.loop``."""

@@ -1,25 +1,28 @@
-"""Greedy held-out scores, shared by the warm-up and the evaluator: exact match of one answer,
-and the success rate of multi-turn episodes.
+"""Greedy held-out scores, shared by the warm-up and the evaluators: exact match of one answer,
+and the success rate of multi-turn episodes, and which of them a run config's workflow is scored by
+(``heldout_scorer``).
 
-Lives beside the model code rather than in a component so that the supervised warm-up (a trainer)
-and the evaluator both use it without importing each other. Multi-turn episodes are played by
-``astraflow.episodes.loop.play``, the loop the rollout producers use, with greedy turns.
+Both score through the torch engine the rollout producers generate with (``TorchEngine``, greedy,
+version 0 of whatever weights the model holds), and multi-turn episodes are played by
+``astraflow.episodes.loop.play``, the loop the producers' workflows use: how a policy plays a task is
+written once, for rollouts and evaluations alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from astraflow.engines.base import TurnSample
-from astraflow.engines.sampling import PREFIX_CACHE_BYTES, PrefixCache, sample
+from astraflow.config import RunConfig
+from astraflow.core.rundir import RunDir
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.envs.base import EnvFactory
 from astraflow.episodes.loop import AgentLimits, play
 from astraflow.schemas.records import RolloutTask
-from astraflow.tasks.arithmetic import exact_match_reward
+from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
 from astraflow.tasks.base import Problem
+from astraflow.tasks.catalog import is_multi_turn, open_environments
 
 
 def evaluate_exact_match(
@@ -33,56 +36,15 @@ def evaluate_exact_match(
 ) -> float:
     """Mean ``reward(greedy response, answer)`` over ``problems``: by default the fraction that match exactly."""
     was_training = model.training
-    model.eval()
+    engine = TorchEngine(model, tokenizer, prefix_cache_bytes=0)  # sets eval mode
     correct = 0.0
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        batch = sample(
-            model,
-            tokenizer([problem.prompt for problem in chunk])["input_ids"],
-            max_new_tokens=max_new_tokens,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            greedy=True,
-        )
-        texts = tokenizer.batch_decode(
-            [batch.tokens[row, : batch.lengths[row]] for row in range(len(chunk))], skip_special_tokens=True
-        )
+        turns = engine.sample(engine.encode([problem.prompt for problem in chunk]), 1, max_new_tokens, 1.0, greedy=True)
+        texts = tokenizer.batch_decode([turn.ids for turn in turns], skip_special_tokens=True)
         correct += sum(reward(text, problem.answer) for text, problem in zip(texts, chunk, strict=True))
     model.train(was_training)
     return correct / len(problems)
-
-
-class _GreedyModel:
-    """The token-in, token-out engine contract over a bare model: greedy turns, version 0."""
-
-    version = 0
-
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.prefix = PrefixCache(PREFIX_CACHE_BYTES)  # the weights stay as they are for its life
-
-    def generate_ids(
-        self, contexts: Sequence[np.ndarray], max_new_tokens: int, temperature: float, greedy: bool = True
-    ) -> list[TurnSample]:
-        batch = sample(
-            self.model,
-            contexts,
-            max_new_tokens=max_new_tokens,
-            eos_id=self.tokenizer.eos_token_id,
-            pad_id=self.tokenizer.pad_token_id,
-            greedy=True,
-            prefix=self.prefix,
-        )
-        return [
-            TurnSample(
-                batch.tokens[row, : batch.lengths[row]],
-                batch.logprobs[row, : batch.lengths[row]],
-                bool(batch.stopped[row]),
-            )
-            for row in range(len(contexts))
-        ]
 
 
 def evaluation_task(problem: Problem, workflow: str) -> RolloutTask:
@@ -115,8 +77,7 @@ def evaluate_episodes(
     An environment that fails raises its error: a broken evaluation is not a score of 0.
     """
     was_training = model.training
-    model.eval()
-    engine = _GreedyModel(model, tokenizer)
+    engine = TorchEngine(model, tokenizer)  # sets eval mode; its prefix cache lives as long as these weights
     total = 0.0
     try:
         for start in range(0, len(problems), batch_size):
@@ -128,3 +89,22 @@ def evaluate_episodes(
     finally:
         model.train(was_training)
     return total / len(problems)
+
+
+def heldout_scorer(
+    config: RunConfig,
+    run_dir: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+) -> Callable[[], float]:
+    """What one evaluation of ``config``'s policy computes: ``score()`` → the greedy success rate of
+    one episode per problem for a multi-turn workflow (in the environments its producers open), else
+    exact match of one answer (a judge's: its judgement), of whatever weights ``model`` holds then."""
+    r = config.rollout
+    if is_multi_turn(r.workflow):
+        make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(run_dir).data)
+        limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
+        return lambda: evaluate_episodes(model, tokenizer, problems, make_env, limits, workflow=r.workflow)
+    reward = judge_reward if config.role == "judge" else exact_match_reward
+    return lambda: evaluate_exact_match(model, tokenizer, problems, max_new_tokens=r.max_new_tokens, reward=reward)

@@ -1,4 +1,2 @@
-"""Stream processors: the pipeline's operators (filters, advantages, mixers, orderings) and its runtimes.
-
-The native runtime runs on either log backend; the faust runtime runs on Kafka.
-"""
+"""Stream processors: the pipeline's operators (``operators/``: filters, advantages, mixers,
+orderings) and its runtimes (``runtimes/``: native on either log backend, faust on Kafka)."""

@@ -4,7 +4,7 @@ Batches are laid out as [left-padded prompt | right-padded response], so every r
 the same column and the per-token tensors are response-aligned [B, R]; position ids count real
 tokens only, exactly as in ``astraflow.engines.sampling``, so a fresh forward pass reproduces the
 engine's log-probs. Token log-probs use ``log_softmax(logits / T)`` with the engine's sampling
-temperature T (see ``sampling.py``); a different T here would bias every importance ratio.
+temperature T (see ``engines/sampling.py``); a different T here would bias every importance ratio.
 """
 
 from __future__ import annotations

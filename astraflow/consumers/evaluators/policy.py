@@ -22,12 +22,8 @@ import threading
 import time
 
 from astraflow.core.metric_names import EVAL_ACCURACY, EVAL_SECONDS
-from astraflow.core.rundir import RunDir
-from astraflow.episodes.loop import AgentLimits
 from astraflow.runtime.base_checkpoint import base_checkpoint_path
 from astraflow.runtime.context import ComponentContext
-from astraflow.tasks.arithmetic import exact_match_reward, judge_reward
-from astraflow.tasks.catalog import is_multi_turn, open_environments
 from astraflow.tasks.datasets import load_policy_split
 from astraflow.weights.follow import follow_weights
 from astraflow.weights.payload import to_transfer
@@ -68,23 +64,11 @@ class Evaluator:
         self.score = self._scorer()
 
     def _scorer(self):
-        """What one evaluation computes: ``score()`` → held-out accuracy (or success rate) of ``self.model``."""
-        config = self.ctx.config
-        r = config.rollout
-        if is_multi_turn(r.workflow):
-            from astraflow.episodes.heldout import evaluate_episodes
+        """What one evaluation computes: ``score()`` → held-out accuracy (or success rate) of ``self.model``
+        (``episodes.heldout``, the episode code the producers run)."""
+        from astraflow.episodes.heldout import heldout_scorer
 
-            make_env = open_environments(r.workflow, r.reward, config.agent, RunDir(self.ctx.run_dir).data)
-            limits = AgentLimits.from_config(config.agent, r.max_new_tokens)
-            return lambda: evaluate_episodes(
-                self.model, self.tokenizer, self.heldout, make_env, limits, workflow=r.workflow
-            )
-        from astraflow.episodes.heldout import evaluate_exact_match
-
-        reward = judge_reward if config.role == "judge" else exact_match_reward
-        return lambda: evaluate_exact_match(
-            self.model, self.tokenizer, self.heldout, max_new_tokens=r.max_new_tokens, reward=reward
-        )
+        return heldout_scorer(self.ctx.config, self.ctx.run_dir, self.model, self.tokenizer, self.heldout)
 
     def due(self, version: int) -> bool:
         every = self.ctx.config.eval.every_versions

@@ -6,7 +6,7 @@ group, like the per-policy evaluator) and scores each new version pair with
 ``eval.system.judged``, ``eval.system.majority`` (a vote over the same candidates, no judge),
 ``eval.system.pass_at_k`` and ``eval.system.judge_accuracy``, labelled
 with ``versions`` (``name=version,name=version``). The base pair is scored first, rounded to each
-policy's ``weights.transfer_dtype`` as the evaluator rounds its base (``evaluator.py``). A pair is
+policy's ``weights.transfer_dtype`` as the evaluator rounds its base (``policy.py``). A pair is
 scored again once either policy moved ``eval.every_versions`` past the last scored pair; versions
 in between are skipped, never queued. With ``eval.final`` (the default) the pair a run ends with is
 scored when the evaluator stops, if it was not already.

@@ -1,7 +1,7 @@
 """The trainer's side of ``{run}.ledger.{policy}``: what it reads at start, and the entry it commits.
 
 Each version the trainer publishes has one ``LedgerEntry``, committed in the transaction that
-makes the version's manifest visible and commits the trainer's offsets (``trainer.py``, steps
+makes the version's manifest visible and commits the trainer's offsets (``component.py``, steps
 4-6). So the ledger names exactly the versions readers can see, and at a start the trainer reads
 from it:
 

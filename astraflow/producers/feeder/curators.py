@@ -6,7 +6,7 @@ the run's n-th candidate. A curator's state is a function of the feedback it obs
 and a decision a function of that state and (prompt, n) only - GRESO's draw included, which comes
 from a hash of (seed, prompt, n), not from a generator whose position a restart would lose. So a
 restarted feeder that reads the topic from the start decides every candidate as the crashed one
-would have (``feeder.py``).
+would have (``component.py``).
 
 - ``accept_all``: every prompt.
 - ``filter_solved``: an EWMA of each prompt's pass rate; a prompt above ``threshold`` is never

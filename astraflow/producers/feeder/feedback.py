@@ -3,7 +3,7 @@
 The stream processor writes one PromptStats per group to ``{run}.feedback.{workflow}``, and the
 trainer one more for a group it found stale. The feeder reads the topic from its start every time
 it starts, outside any consumer group: the counts of dropped groups and the curator's state are
-functions of the records in order, so reading them all again rebuilds both (``feeder.py`` says why
+functions of the records in order, so reading them all again rebuilds both (``component.py`` says why
 the curator needs no changelog).
 
 What counts, per group id (the newest ``REMEMBER_GROUPS`` ids are remembered):

@@ -7,7 +7,7 @@ Steps of one iteration (what makes it lose nothing):
    same version, recorded per token in the trajectory.
 2. Poll up to ``prompts_per_generation`` tasks from ``{run}.tasks.{workflow}`` as a member of the
    producers' consumer group (joining or leaving rebalances the partitions: elastic rollout).
-3. Run the configured ``Workflow`` on the batch (``workflows.py``: generation, turns, rewards; a
+3. Run the configured ``Workflow`` on the batch (``episodes/workflows``: generation, turns, rewards; a
    task whose reward raises is dead-lettered, never given a silent zero), and put its Trajectory
    records, keyed by group id, and its dead letters into the outbox of the task's partition
    (``task_batches.py``). Trajectory ids are ``{task_id}/{sample}``: deterministic, so a task redone
