@@ -101,7 +101,7 @@ def test_a_feeder_killed_mid_round_shows_none_of_it_and_resumes_as_if_uninterrup
             assert sum(log.end_offsets(topic).values()) == ROUND, "tasks of the killed round were written"
         else:  # they reached the broker, in a transaction left open
             wait_for(lambda: sum(log.end_offsets(topic).values()) > first_round, "the killed round on the broker")
-        # fence the dead feeder as its restart will, by the id ``producers/feeder/component.py`` names: the round is aborted
+        # fence the dead feeder as its restart will, by the id the feeder names: the round is aborted
         log.transactional_producer(f"fb{unique}.feed.math").close()
         assert len(read_all(ctx, topic)) == ROUND, "tasks of the killed round became visible"
 
