@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from astraflow.engines.sampling import sample
+from astraflow.engines.torch_engine import TorchEngine
 from astraflow.tasks.arithmetic import exact_match_reward, extract_answer, judge_prompt, judgement
 from astraflow.tasks.base import Problem
 
@@ -48,28 +48,12 @@ def majority(candidates: Sequence[str]) -> str:
 
 
 def _texts(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    n: int,
-    max_new_tokens: int,
-    greedy: bool,
-    temperature: float,
-    generator: torch.Generator | None,
+    engine: TorchEngine, prompts: list[str], n: int, max_new_tokens: int, greedy: bool, temperature: float
 ) -> list[str]:
-    batch = sample(
-        model,
-        tokenizer(prompts)["input_ids"],
-        n=n,
-        max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        temperature=temperature,
-        greedy=greedy,
-        generator=generator,
-    )
-    rows = [batch.tokens[row, : batch.lengths[row]] for row in range(len(batch.lengths))]
-    return [extract_answer(text) for text in tokenizer.batch_decode(rows, skip_special_tokens=True)]
+    """The answers in ``n`` responses to each prompt, sampled by ``engine`` (greedy ones use no randomness)."""
+    turns = engine.sample(engine.encode(prompts), n, max_new_tokens, temperature, greedy)
+    texts = engine.tokenizer.batch_decode([turn.ids for turn in turns], skip_special_tokens=True)
+    return [extract_answer(text) for text in texts]
 
 
 @torch.no_grad()
@@ -86,20 +70,17 @@ def evaluate_system(
     seed: int = 0,
 ) -> SystemAccuracy:
     """Score the answerer alone and checked by the judge on ``problems`` (both models in eval mode)."""
-    answerer.eval()
-    judge.eval()
-    generator = torch.Generator(device=answerer.device).manual_seed(seed)
+    answering = TorchEngine(answerer, tokenizer, seed=seed, prefix_cache_bytes=0)  # both in eval mode
+    judging = TorchEngine(judge, tokenizer, prefix_cache_bytes=0)
     prompts = [p.prompt for p in problems]
-    greedy = _texts(answerer, tokenizer, prompts, 1, answer_tokens, True, 1.0, None)
-    sampled = _texts(answerer, tokenizer, prompts, k - 1, answer_tokens, False, temperature, generator) if k > 1 else []
+    greedy = _texts(answering, prompts, 1, answer_tokens, True, 1.0)
+    sampled = _texts(answering, prompts, k - 1, answer_tokens, False, temperature) if k > 1 else []
     candidates = [[greedy[i], *sampled[i * (k - 1) : (i + 1) * (k - 1)]] for i in range(len(problems))]
     judged_prompts = [judge_prompt(p.prompt, c) for p, cs in zip(problems, candidates, strict=True) for c in cs]
     flat = [c for cs in candidates for c in cs]
     verdicts = [
         judgement(text, c)
-        for text, c in zip(
-            _texts(judge, tokenizer, judged_prompts, 1, judge_tokens, True, 1.0, None), flat, strict=True
-        )
+        for text, c in zip(_texts(judging, judged_prompts, 1, judge_tokens, True, 1.0), flat, strict=True)
     ]
     alone = judged = solved = right_verdicts = voted = 0.0
     for i, (problem, cs) in enumerate(zip(problems, candidates, strict=True)):
