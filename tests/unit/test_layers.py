@@ -46,3 +46,25 @@ def test_no_module_is_over_the_line_limit() -> None:
     sizes = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
     assert len(sizes) > 100, "the walk found too few modules"
     assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+
+
+def test_the_package_map_in_the_docs_matches_the_layer_contract() -> None:
+    """docs/architecture.md's package map names each package's layer as pyproject.toml's contract
+    orders them: a package moved in one and not the other fails here."""
+    import re
+    import tomllib
+
+    root = PACKAGE.parent
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    contract = {
+        name.strip().removeprefix("astraflow."): index for index, row in enumerate(layers) for name in row.split("|")
+    }
+    section = (root / "docs" / "architecture.md").read_text().split("## Package layers", 1)[1]
+    rows = re.findall(r"^\| `([\w/]+)/` \| (\w+) \|", section, flags=re.M)
+    names = list(dict.fromkeys(layer for _, layer in rows if layer != "outside"))
+    documented = {package.split("/")[0]: names.index(layer) for package, layer in rows if layer != "outside"}
+    assert len(names) == len(layers) <= 8
+    assert documented == contract
+    on_disk = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"chaos"}
+    assert set(contract) == on_disk, "every package is in exactly one layer"
