@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
-from astraflow.infra.broker.local import default_home, free_port
+from astraflow.infra.broker.host import free_port
+from astraflow.infra.broker.local import default_home
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -37,11 +38,11 @@ RUNTIMES = ("faust", "native")
 
 
 def free_ports(count: int) -> int:
-    from astraflow.infra.broker.local import _port_free
+    from astraflow.infra.broker.host import port_free
 
     while True:
         first = free_port()
-        if first + count < 65536 and all(_port_free(first + n) for n in range(count)):
+        if first + count < 65536 and all(port_free(first + n) for n in range(count)):
             return first
 
 
