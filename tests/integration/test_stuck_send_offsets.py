@@ -93,7 +93,7 @@ def test_a_component_with_a_stuck_client_exits_without_closing_its_log(tmp_path)
     script = (
         "import sys\n"
         "from astraflow.infra.launch.process import exit_if_stuck\n"
-        "from astraflow.log import stuck_clients\n"
+        "from astraflow.log.kafka import stuck_clients\n"
         "exit_if_stuck('rollout')\n"
         "print('closing normally', flush=True)\n"
         "stuck_clients.note(\"transactional producer 'r.p0' in send_offsets\", object())\n"

@@ -137,7 +137,7 @@ def test_names_are_not_spelled_outside_the_catalogue() -> None:
     found = []
     for path, tree in sources():
         where = path.relative_to(PACKAGE).as_posix()
-        if where == "metric_names.py":
+        if where == "core/metric_names.py":
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in catalogue:
