@@ -68,6 +68,9 @@ class PolicyAudit:
     """Trajectories trained into a lost version and again into the live lineage (not twice: once kept)."""
     epochs: int = 0
     """Trainer epochs in the ledger: starts of the policy's trainer."""
+    fallbacks: list[str] = field(default_factory=list)
+    """Restarts that went back further than ``train.checkpoint_every`` steps: a crash may cost the steps
+    since the last committed checkpoint, never more (a failure, as a lost trajectory is)."""
 
     @property
     def items(self) -> int:
@@ -93,7 +96,7 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return not any(p.lost or p.trained_twice for p in self.policies)
+        return not any(p.lost or p.trained_twice or p.fallbacks for p in self.policies)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -123,6 +126,34 @@ def live_lineage(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, set[tu
         live.add((entry.epoch, entry.version))
         entry = by_key.get((entry.parent_epoch, entry.parent_version))
     return head, live
+
+
+def fallbacks(entries: list[LedgerEntry], checkpoint_every: int) -> list[str]:
+    """Each trainer start that resumed more than ``checkpoint_every`` optimizer steps behind the newest
+    version published before it: the steps on the chain of parents from that version back to the
+    checkpoint the start restored (all of them when it restored none, i.e. the base)."""
+    by_key = {(entry.epoch, entry.version): entry for entry in entries}
+    found = []
+    for start in sorted((e for e in entries if e.kind == "start"), key=lambda e: (e.epoch, e.version)):
+        before = [entry for entry in entries if entry.epoch < start.epoch]
+        if not before:
+            continue
+        head = max(before, key=lambda entry: (entry.version, entry.epoch))
+        restored, steps, seen = (start.parent_epoch, start.parent_version), 0, set()
+        entry: LedgerEntry | None = head
+        while (
+            entry is not None and (entry.epoch, entry.version) != restored and (entry.epoch, entry.version) not in seen
+        ):
+            seen.add((entry.epoch, entry.version))
+            steps += entry.kind == "step"
+            entry = by_key.get((entry.parent_epoch, entry.parent_version))
+        if steps > checkpoint_every:
+            origin = "the base" if restored == (-1, -1) else f"version {restored[1]} of epoch {restored[0]}"
+            found.append(
+                f"epoch {start.epoch} resumed from {origin}, {steps} steps behind version {head.version}"
+                f" (train.checkpoint_every {checkpoint_every})"
+            )
+    return found
 
 
 def held_by_faust_table(run: AttachedRun, policy: str) -> set[str]:
@@ -184,6 +215,7 @@ def _audit_policy(
     head, live = live_lineage(entries)
     result.epochs = len({entry.epoch for entry in entries})
     result.lost_versions = len(entries) - len(live)
+    result.fallbacks = fallbacks(entries, run.config.for_policy(policy).train.checkpoint_every)
     trained: dict[str, list[int]] = defaultdict(list)  # trajectory id → live versions that trained it
     live_ids: Counter[str] = Counter()  # sample id → live entries that name it
     in_lost_version: set[str] = set()
@@ -298,6 +330,7 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
                 f"  ledger: {p.epochs} trainer epoch(s), {p.lost_versions} version(s) lost in crashes,"
                 f" {p.retrained} trajectories of them trained again"
             ),
+            f"  fall-backs     {len(p.fallbacks):>7}  {'; '.join(p.fallbacks[:3])}",
         ]
         if versions:
             lines += [f"    version {v}: {n}" for v, n in p.trained.items()]
@@ -305,8 +338,11 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
         lines.append(f"tasks dead-lettered before any trajectory: {_listing(report.tasks_dead_lettered)}")
     lost = sum(len(p.lost) for p in report.policies)
     twice = sum(len(p.trained_twice) for p in report.policies)
+    behind = sum(len(p.fallbacks) for p in report.policies)
     lines.append(
-        "OK: nothing lost, nothing trained twice" if report.ok else f"FAIL: {lost} lost, {twice} trained twice"
+        "OK: nothing lost, nothing trained twice, no fall-back behind a committed checkpoint"
+        if report.ok
+        else f"FAIL: {lost} lost, {twice} trained twice, {behind} fall-back(s) behind a committed checkpoint"
     )
     return "\n".join(lines)
 

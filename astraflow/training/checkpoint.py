@@ -4,7 +4,13 @@ Steps of a save (why a crash at any point leaves either the old or the new check
 
 1. Write every file of version v into ``v{v:08d}.tmp/`` and fsync them.
 2. Rename the directory to ``v{v:08d}/`` (atomic on one filesystem) and fsync the parent.
-3. Delete checkpoints older than the newest ``keep``.
+
+Retention is a separate step, taken only after the version's commit (``prune``): it keeps the newest
+``keep`` checkpoints that the ledger names and deletes the others below the newest of them. A save
+never deletes anything, so a checkpoint the ledger names is never removed for one it does not: with
+``checkpoint_every`` 10, a trainer killed twice in a row between a checkpoint's write and its
+version's commit (at 40, then at 50) still finds 30, and a crash costs at most the versions since
+the last committed checkpoint, never a fall-back to the base.
 
 A reader takes the newest directory without the ``.tmp`` suffix; the trainer restores the newest
 one that its ledger names (``accept``): it writes a checkpoint before it commits the version, so one
@@ -161,9 +167,20 @@ class CheckpointStore:
             os.fsync(directory_fd)
         finally:
             os.close(directory_fd)
-        for old in sorted(p for p in self.directory.glob("v*") if not p.name.endswith(".tmp"))[: -self.keep]:
-            shutil.rmtree(old)
         return final
+
+    def prune(self, named: Callable[[TrainerState], bool]) -> list[Path]:
+        """Delete the checkpoints retention lets go, once a version's commit made the newest ``named``
+        (the ledger's): every one below the ``keep`` newest named ones, named or not. Nothing at or
+        above the newest named checkpoint is touched. Returns what it deleted."""
+        done = complete_checkpoints(self.directory)
+        kept = [directory for directory in done if named(read_state(directory))][-self.keep :]
+        if not kept:
+            return []
+        deleted = [directory for directory in done if directory < kept[-1] and directory not in kept]
+        for directory in deleted:
+            shutil.rmtree(directory)
+        return deleted
 
     def restore(
         self,

@@ -9,6 +9,7 @@ import torch
 from astraflow.training.checkpoint import (
     CheckpointStore,
     TrainerState,
+    complete_checkpoints,
     is_sharded,
     load_sharded,
     read_latest_state,
@@ -67,3 +68,28 @@ def test_a_sharded_checkpoint_restores_model_and_optimizer_in_one_process(tmp_pa
     for index, moments in saved.items():
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(loaded[index][key], moments[key]), (index, key)
+
+
+def test_retention_never_deletes_the_newest_checkpoint_the_ledger_names(tmp_path: Path) -> None:
+    """Saves delete nothing; ``prune`` keeps the two newest named checkpoints and whatever lies above the
+    newest of them (a checkpoint whose version is about to commit), and deletes the rest."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    store = CheckpointStore(tmp_path)
+    named = {10, 20, 30}
+    for version in (10, 20, 30, 40, 50):  # 40 and 50: written, then killed before their versions committed
+        store.save(model, optimizer, TrainerState(version, {0: version}, version, epoch=1))
+    assert [p.name for p in complete_checkpoints(tmp_path)] == [
+        "v00000010",
+        "v00000020",
+        "v00000030",
+        "v00000040",
+        "v00000050",
+    ]
+    assert [p.name for p in store.prune(lambda state: state.version in named)] == ["v00000010"]
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["v00000020", "v00000030", "v00000040", "v00000050"]
+    named.add(60)
+    store.save(model, optimizer, TrainerState(60, {0: 60}, 60, epoch=2))
+    store.prune(lambda state: state.version in named)
+    assert [int(p.name[1:]) for p in complete_checkpoints(tmp_path)] == [30, 60]
+    assert store.prune(lambda state: False) == []  # nothing named yet: nothing to measure retention from

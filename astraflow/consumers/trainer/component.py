@@ -35,6 +35,8 @@ Steps of one version (the order is the guarantee):
 6. Send the offsets after the batch as the trainer group's offsets in it (a fenced trainer that
    skipped step 3 learns it here, having written nothing the log shows).
 7. Commit: manifest, ledger entry and offsets become visible together, or none of them.
+8. Once a commit makes a new checkpoint one the ledger names, retention deletes older ones
+   (``CheckpointStore.prune``): never the newest named one, whatever crashes left above it.
 
 On a stop signal the trainer finishes its step and, when its version is not checkpointed yet,
 checkpoints it, so the run's final version is on disk (``astraflow run`` exports it to
@@ -58,6 +60,7 @@ from astraflow.consumers.trainer.batch_assembler import BatchAssembler, recall_t
 from astraflow.consumers.trainer.ledger import TrainerLedger, consumed_ranges
 from astraflow.consumers.trainer.rank_learner import build_rank_learner, restore_rank
 from astraflow.consumers.trainer.sample_checks import sample_problem, stale_feedback, stale_groups
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError, FencedError, NonFiniteStepError, error_reason
 from astraflow.core.metric_names import (
     TRAIN_REJECTED_SAMPLES,
@@ -95,7 +98,6 @@ class Trainer:
             raise ValueError(
                 f"rank {ranks.rank} runs a TrainerRank; only rank 0 is the Trainer, which writes to the log"
             )
-        cfg = ctx.config.train
         self.ctx = ctx
         self.policy = policy
         self.ranks = ranks
@@ -107,17 +109,10 @@ class Trainer:
         self.limits = Limits(group_size=None, vocab_size=vocab_size, context_length=context_length)
         self.rejected = 0
         self.skipped_steps = 0
-        logger.info(
-            "trainer backend %s%s%s",
-            cfg.backend,
-            f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload {cfg.deepspeed.offload_optimizer})"
-            if cfg.backend == "deepspeed"
-            else "",
-            f", {ranks.world_size} ranks" if ranks.distributed else "",
-        )
         self.transactional_id = f"{ctx.config.run}.train.{policy}"
         self.transactions = ctx.log.transactional_producer(self.transactional_id)  # fences an older trainer
-        ledger = TrainerLedger.read(ctx.log, ctx.codec, ctx.topics.ledger(policy))
+        self.ledger = ledger = TrainerLedger.read(ctx.log, ctx.codec, ctx.topics.ledger(policy))
+        """What the ledger names, kept up to date with every entry this trainer commits (retention)."""
         self.epoch = ledger.next_epoch
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
         found = self.checkpoints.find(accept=ledger.names)
@@ -187,6 +182,7 @@ class Trainer:
                 waited = 0.0
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
                 self._checkpoint()
+                self.checkpoints.prune(self.ledger.names)
             self.commands.send("stop")
         finally:
             consumer.close()
@@ -206,6 +202,7 @@ class Trainer:
                 )
                 self.transactions.commit()
                 self._checkpoint()
+                crash_point("trainer.checkpoint_written", version)  # the window between the write and the commit
             self.transactions.begin()
             self.commands.send("publish")  # a sharded model's ranks gather its tensors together
             manifest = self.publisher.publish(
@@ -231,6 +228,7 @@ class Trainer:
                 self.consumer, {TopicPartition(topic, p): offset for p, offset in self.offsets.items()}
             )
             self.transactions.commit()
+            self.ledger.note(entry)
         except FencedError as exc:
             raise FencedError(
                 f"the trainer of policy {self.policy!r} (epoch {self.epoch}) was fenced: a newer trainer of the"
@@ -240,6 +238,8 @@ class Trainer:
         self.parent = (self.epoch, version)
         self.committed = dict(self.offsets)
         self.stale_feedback = []
+        if self.checkpointed == version:
+            self.checkpoints.prune(self.ledger.names)  # retention only once the ledger names the new checkpoint
 
     def _admit(self, message: Message, assembler: BatchAssembler) -> None:
         """Add the sample of ``message`` to ``assembler``, or dead-letter it with the reason."""

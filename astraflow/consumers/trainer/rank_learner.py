@@ -6,6 +6,7 @@ over the same base checkpoint and restore the checkpoint rank 0 chose, through t
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from astraflow.training.distributed import SINGLE, Ranks
 if TYPE_CHECKING:
     from astraflow.config import RunConfig
     from astraflow.training.learner import Learner
+
+logger = logging.getLogger(__name__)
 
 
 def build_rank_learner(config: RunConfig, run_dir: Path, ranks: Ranks = SINGLE) -> tuple[Learner, object]:
@@ -45,6 +48,15 @@ def build_rank_learner(config: RunConfig, run_dir: Path, ranks: Ranks = SINGLE) 
         fsdp=cfg.fsdp,
         ranks=ranks,
     )
+    if ranks.leader:
+        logger.info(
+            "trainer backend %s%s%s",
+            cfg.backend,
+            f" (ZeRO stage {cfg.deepspeed.zero_stage}, optimizer offload {cfg.deepspeed.offload_optimizer})"
+            if cfg.backend == "deepspeed"
+            else "",
+            f", {ranks.world_size} ranks" if ranks.distributed else "",
+        )
     return learner, tokenizer
 
 

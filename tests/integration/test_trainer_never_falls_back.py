@@ -1,0 +1,101 @@
+"""A trainer killed twice in the window between a checkpoint's write and its version's commit never
+falls back behind its newest committed checkpoint (Reliability IV, scenario 1).
+
+Real ``astraflow train`` processes on the embedded log, the math example's config over a tiny model
+with its own ``checkpoint_every: 10``, fed recorded samples. Each dies by SIGKILL at the named crash
+point ``trainer.checkpoint_written`` (``astraflow.core.crashpoints``), armed from outside:
+
+1. the first trainer commits versions 1-39 (checkpoints 10, 20, 30) and dies once checkpoint 40 is on
+   disk, before version 40 commits: the ledger never names it;
+2. the second restores 30, publishes it as version 40 and trains 41-49, and dies once checkpoint 50
+   is on disk. Retention used to keep the two newest directories whatever the ledger named (40 and
+   50, neither named) and so deleted 30;
+3. the third must restore 30 again: its start entry's parent is (epoch 1, version 30), not the base,
+   and ``astraflow audit``'s fall-back check finds nothing (it finds the base start of before).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from astraflow.analysis.audit import fallbacks
+from astraflow.config import dump_config
+from astraflow.core.crashpoints import ENV
+from astraflow.core.rundir import RunDir
+from astraflow.runtime.attach import decode_snapshot
+from astraflow.runtime.context import ComponentContext
+from astraflow.schemas.records import LedgerEntry
+from tests.unit.test_trainer_reference import recorded_samples
+from tests.unit.tiny_trainer import tiny_math_config
+
+REPO = Path(__file__).resolve().parents[2]
+BATCH = 8
+WAIT_S = 240.0
+
+
+def test_two_kills_between_checkpoint_and_commit_resume_from_the_last_committed_checkpoint(tmp_path: Path) -> None:
+    config = tiny_math_config(tmp_path, {"run": "fallback", "train": {"checkpoint_every": 10, "batch_samples": BATCH}})
+    config_path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
+    dump_config(config, config_path)
+    ctx = ComponentContext(config, run_dir, "test")
+    try:
+        for sample in recorded_samples(70 * BATCH):
+            key = sample.trajectory.group_id.encode()
+            ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=key, partition=0)
+        ctx.producer.flush()
+
+        def trainer(name: str, crash_at: str | None) -> subprocess.Popen:
+            env = {k: v for k, v in os.environ.items() if k != ENV}
+            if crash_at:
+                env[ENV] = crash_at
+            log = (tmp_path / f"{name}.log").open("w")
+            argv = [sys.executable, "-m", "astraflow.cli", "train", str(config_path), "--run-dir", str(run_dir)]
+            return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def ledger() -> list[LedgerEntry]:
+            return [entry for _, entry in decode_snapshot(ctx.log, ctx.topics.ledger("main"))]
+
+        for name, point in (("first", "trainer.checkpoint_written:40"), ("second", "trainer.checkpoint_written:50")):
+            process = trainer(name, point)
+            assert process.wait(timeout=WAIT_S) == -signal.SIGKILL, (tmp_path / f"{name}.log").read_text()[-3000:]
+        entries = ledger()
+        assert max(e.version for e in entries if e.epoch == 1) == 39  # version 40 never committed
+        assert max(e.version for e in entries if e.epoch == 2) == 49
+        assert "v00000030" in {p.name for p in RunDir(run_dir).checkpoints("main").glob("v*")}
+
+        third = trainer("third", None)
+        deadline = time.monotonic() + WAIT_S
+        try:
+            while not any(e.epoch == 3 and e.kind == "step" for e in ledger()):
+                assert third.poll() is None, (tmp_path / "third.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the third trainer published no step"
+                time.sleep(0.2)
+        finally:
+            third.send_signal(signal.SIGTERM)
+            third.wait(timeout=WAIT_S)
+        entries = ledger()
+        (start,) = [e for e in entries if e.epoch == 3 and e.kind == "start"]
+        assert (start.parent_epoch, start.parent_version) == (1, 30)
+        assert start.version == 50  # the next unused id: no version number names two weights
+        assert fallbacks(entries, 10) == []
+    finally:
+        ctx.close()
+
+
+def test_the_audit_reports_a_fall_back_to_the_base_as_a_failure() -> None:
+    """The audit's check itself, on the ledger the bug left: epoch 3 started from the base."""
+
+    def entry(epoch: int, kind: str, version: int, parent: tuple[int, int]) -> LedgerEntry:
+        return LedgerEntry("main", kind, epoch, version, *parent, [], [], {}, "", 0, 0)
+
+    first = [entry(1, "start", 0, (-1, -1))] + [entry(1, "step", v, (1, v - 1)) for v in range(1, 40)]
+    second = [entry(2, "start", 40, (1, 30))] + [entry(2, "step", v, (2, v - 1)) for v in range(41, 50)]
+    assert fallbacks(first + second, 10) == []
+    assert fallbacks(first + second + [entry(3, "start", 50, (1, 30))], 10) == []
+    (found,) = fallbacks(first + second + [entry(3, "start", 50, (-1, -1))], 10)
+    assert "epoch 3 resumed from the base, 39 steps behind version 49" in found
