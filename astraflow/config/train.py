@@ -103,8 +103,9 @@ class LossConfig(Section):
 
 
 class TrainConfig(Section):
-    batch_samples: int = Field(default=256, ge=1)
-    """Samples (responses) per optimizer step; groups are never split across steps."""
+    batch_samples: int = Field(default=256, ge=1, le=16384)
+    """Samples (responses) per optimizer step; groups are never split across steps. At most 16,384: a
+    version's ledger entry names every sample id of its batch, and must fit its topic (16 MiB)."""
     lr: float = Field(default=3e-4, ge=0.0, le=1.0)
     """Peak AdamW learning rate; 0 makes a control run whose versions never change the weights (a
     learning test must fail on it)."""

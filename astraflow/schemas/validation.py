@@ -16,6 +16,14 @@ dead letters by cause. Every check guards a later stage that would otherwise fai
 - ``token_versions``: not above the newest version the trainer published (a producer cannot have
   sampled with weights that do not exist yet). Checked only where versions are this run's: a
   replay or offline source carries another run's version counter.
+- ids and names (``ID_FIELDS``): at most ``MAX_ID_BYTES`` (256) bytes of UTF-8 each. Ids travel again
+  in records a stage builds from many inputs - a group's feedback names all its trajectory ids, a
+  version's ledger entry every sample id of its batch - which must still fit their topic (16 MiB):
+  eight trajectories with 2 MiB ids each made a feedback record the stream could never commit, so it
+  crash-looped on the same poll.
+- ``reward_components``: at most ``MAX_REWARD_COMPONENTS`` (64), names within ``MAX_ID_BYTES``, values
+  finite and within ``stream.max_abs_reward`` like the reward: a component enters operator state
+  (``reward_terms``, then ``reward_norm``'s running sums), where 1e300 would square to ``inf``.
 
 The limits of the model (vocabulary, context) come from the base checkpoint's ``config.json``
 (``models.base.model_limits``); a run whose base checkpoint the stream cannot see checks neither.
@@ -29,6 +37,32 @@ from dataclasses import dataclass
 import numpy as np
 
 from astraflow.schemas.records import Trajectory
+
+MAX_ID_BYTES = 256
+"""The longest id or name a trajectory may carry, in UTF-8 bytes."""
+MAX_REWARD_COMPONENTS = 64
+"""The most named reward components one trajectory may carry."""
+ID_FIELDS = (
+    "trajectory_id",
+    "episode_id",
+    "group_id",
+    "task_id",
+    "prompt_id",
+    "policy",
+    "workflow",
+    "finish_reason",
+    "producer_id",
+    "region",
+    "hardware",
+)
+"""The string fields of a trajectory that name something (its free text, ``response_text``, is bounded
+by the record size)."""
+
+
+def clipped(text: str, keep: int = 64) -> str:
+    """``text`` as a dead-letter reason quotes it: whole up to ``keep`` characters, else its start and its
+    length (the reason of an id rejected for its size must still say which field and why)."""
+    return text if len(text) <= keep else f"{text[:keep]}...({len(text):,} chars)"
 
 
 @dataclass(frozen=True)
@@ -46,11 +80,18 @@ def validate(trajectory: Trajectory, limits: Limits = Limits(), newest_version: 
 
     ``newest_version``: the newest version published for the policy; ``None`` skips that check.
     """
+    for name in ID_FIELDS:
+        size = len(getattr(trajectory, name).encode("utf-8", "surrogatepass"))
+        if size > MAX_ID_BYTES:
+            return f"{name}: {size} bytes, more than the {MAX_ID_BYTES} an id may have"
     reward = trajectory.reward
     if not math.isfinite(reward):
         return f"reward: non-finite {reward!r}"
     if abs(reward) > limits.max_abs_reward:
         return f"reward: {reward:.6g} is beyond stream.max_abs_reward ({limits.max_abs_reward:.6g})"
+    problem = _components_problem(trajectory.reward_components, limits.max_abs_reward)
+    if problem is not None:
+        return f"reward_components: {problem}"
     n = len(trajectory.response_ids)
     if n == 0:
         return "response_ids: empty response"
@@ -87,4 +128,18 @@ def _token_problem(ids: np.ndarray, vocab_size: int | None) -> str | None:
         return f"negative token id {low}"
     if vocab_size is not None and high >= vocab_size:
         return f"token id {high} is not below the vocabulary size {vocab_size}"
+    return None
+
+
+def _components_problem(components: dict[str, float], max_abs: float) -> str | None:
+    if len(components) > MAX_REWARD_COMPONENTS:
+        return f"{len(components)} components, more than {MAX_REWARD_COMPONENTS}"
+    for name, value in components.items():
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > MAX_ID_BYTES:
+            return f"a name of {size} bytes, more than the {MAX_ID_BYTES} a name may have"
+        if not math.isfinite(value):
+            return f"{name!r} is non-finite ({value!r})"
+        if abs(value) > max_abs:
+            return f"{name!r} is {value:.6g}, beyond stream.max_abs_reward ({max_abs:.6g})"
     return None

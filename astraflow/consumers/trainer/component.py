@@ -74,7 +74,7 @@ from astraflow.log import Consumer, Message, TopicPartition
 from astraflow.runtime.base_checkpoint import base_checkpoint_path, model_limits
 from astraflow.runtime.context import ComponentContext, now_ms
 from astraflow.schemas.records import LedgerEntry, PromptStats, TrainSample
-from astraflow.schemas.validation import Limits
+from astraflow.schemas.validation import Limits, clipped
 from astraflow.training.checkpoint import (
     RECALL_WINDOW,
     CheckpointStore,
@@ -263,7 +263,7 @@ class Trainer:
         if not assembler.remember(sample.sample_id):  # a copy of a sample dead-lettered already
             assembler.duplicates += 1
             return
-        self._reject(message, f"invalid sample {sample.sample_id}: {problem}", error)
+        self._reject(message, f"invalid sample {clipped(sample.sample_id)}: {problem}", error)
         assembler.fail(message, sample.trajectory.group_id)
 
     def _problem(self, sample: TrainSample) -> str | None:

@@ -24,14 +24,21 @@ import numpy as np
 from astraflow.log import Message
 from astraflow.runtime.context import now_ms
 from astraflow.schemas.records import PromptStats, TrainSample
-from astraflow.schemas.validation import Limits, validate
+from astraflow.schemas.validation import MAX_ID_BYTES, Limits, validate
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a larger advantage becomes infinite in the loss."""
+MAX_SAMPLE_ID_BYTES = MAX_ID_BYTES + 64
+"""The longest sample id: a trajectory id and the stream's suffix (``#offline<pass>``, ``#replay<n>``).
+A version's ledger entry names every sample id of its batch, so ``train.batch_samples`` (at most
+16,384) of them take at most 5.3 MiB of the ledger topic's 16 MiB."""
 
 
 def sample_problem(sample: TrainSample, limits: Limits, group_size: int) -> str | None:
     """Why the model cannot train on ``sample`` (a policy of ``group_size`` samples a group), or ``None``."""
+    size = len(sample.sample_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_SAMPLE_ID_BYTES:
+        return f"sample_id: {size} bytes, more than the {MAX_SAMPLE_ID_BYTES} a sample id may have"
     problem = validate(sample.trajectory, limits)
     if problem is not None:
         return problem

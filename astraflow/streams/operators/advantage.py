@@ -305,9 +305,12 @@ class RewardNormaliser:
         rewards = _checked(group.rewards)
         n, mean = rewards.size, float(rewards.mean())
         delta, total = mean - self.mean, self.count + n
-        self._m2 += float(((rewards - mean) ** 2).sum()) + delta * delta * self.count * n / total
-        self.mean += delta * n / total
-        self.count = total
+        with np.errstate(over="ignore", invalid="ignore"):
+            m2 = self._m2 + float(((rewards - mean) ** 2).sum()) + delta * delta * self.count * n / total
+            running_mean = self.mean + delta * n / total
+        if not (math.isfinite(m2) and math.isfinite(running_mean)):  # the state is left as it was
+            raise ValueError(f"reward_norm: rewards {rewards.tolist()} would make the running statistics non-finite")
+        self._m2, self.mean, self.count = m2, running_mean, total
         normalised = (rewards - self.mean) / (np.sqrt(self._m2 / self.count) + self.eps)
         group.rewards = normalised if self.clip is None else np.clip(normalised, -self.clip, self.clip)
         return None

@@ -78,7 +78,7 @@ from astraflow.streams.runtimes.faust_consumer import (
 )
 from astraflow.streams.runtimes.faust_table import PendingTable
 from astraflow.streams.runtimes.pending import read_records, read_trajectories, start_offset
-from astraflow.streams.runtimes.processing import GroupProcessor
+from astraflow.streams.runtimes.processing import VERSION_WAIT_WINDOW_S, GroupProcessor
 from astraflow.weights.follow import WeightFollower, follow_weights
 
 logger = logging.getLogger(__name__)
@@ -377,6 +377,8 @@ class FaustStreamProcessor(GroupProcessor):
         """Steps 1-4 of ``streams.processing`` for one record, into the outbox, with its table writes."""
         partition = message.partition
         self.pipeline = self.pipelines[partition]  # the pipeline ``GroupProcessor`` runs groups through
+        if time.monotonic() - self._wait_refilled >= VERSION_WAIT_WINDOW_S:
+            self.refill_version_wait()
         arrival = self._admit(message)
         before = self.table.entries(buffer, partition, arrival.group_id)
         duplicates = buffer.duplicates

@@ -186,6 +186,7 @@ class NativeStreamProcessor(GroupProcessor):
 
     def _handle(self, messages: list[Message], version: int) -> None:
         """Steps 2 to 5 of the module docstring for one poll, into the open transaction."""
+        self.refill_version_wait()  # the poll's records wait VERSION_WAIT_S in all for unseen versions
         arrived: dict[int, list[Message]] = defaultdict(list)
         for message in messages:
             arrived[message.partition].append(message)

@@ -51,7 +51,7 @@ from astraflow.log import Log, Message, TopicPartition
 from astraflow.runtime.attach import open_run
 from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import Trajectory
-from astraflow.schemas.validation import Limits, validate
+from astraflow.schemas.validation import Limits, clipped, validate
 from astraflow.streams.operators.base import Group, GroupBuffer, GroupOperator, run_pipeline
 from astraflow.streams.operators.mixing import OfflineMixer
 from astraflow.streams.runtimes.pending import read_trajectories
@@ -177,7 +177,7 @@ class OfflineSource:
         else:
             problem = validate(trajectory, self.limits)
             if problem is not None:
-                self._dead_letter(message, f"invalid offline trajectory {trajectory.trajectory_id}: {problem}")
+                self._dead_letter(message, f"invalid offline trajectory {clipped(trajectory.trajectory_id)}: {problem}")
                 group = self.buffer.fail(key, trajectory.trajectory_id, trajectory.group_size)
             else:
                 group = self.buffer.add(trajectory, message.partition, message.offset)

@@ -33,6 +33,7 @@ through the component's own producer.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,7 +52,7 @@ from astraflow.log import Message
 from astraflow.runtime.base_checkpoint import base_checkpoint_dir, model_limits
 from astraflow.runtime.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
 from astraflow.schemas.records import PromptStats, TrainSample, Trajectory
-from astraflow.schemas.validation import Limits, validate
+from astraflow.schemas.validation import Limits, clipped, validate
 from astraflow.streams.operators.advantage import mean_std
 from astraflow.streams.operators.base import Group, GroupBuffer
 from astraflow.streams.operators.pipeline import build_pipeline
@@ -59,9 +60,14 @@ from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
 VERSION_WAIT_S = 2.0
-"""How long a trajectory whose tokens name a version this processor has not seen published waits
-for the weight follower to see it, before it is dead-lettered: the producer and this processor read
-the manifests independently, so the producer may see a new version a moment sooner."""
+"""How long, in all, the trajectories of one poll (the native runtime) or of one
+``VERSION_WAIT_WINDOW_S`` (faust) may wait for the weight follower to see a version their tokens
+name: the producer and this processor read the manifests independently, so the producer may see a
+new version a moment sooner. A record naming a version still unseen once the budget is spent is
+dead-lettered without waiting. The bound is per poll, not per record: 11 records from the future
+used to outlast Kafka's 20 s transaction timeout, and the same poll repeated for ever."""
+VERSION_WAIT_WINDOW_S = 10.0
+"""The faust runtime's window for ``VERSION_WAIT_S``: it handles one record at a time, not polls."""
 
 
 class RecordSink(Protocol):
@@ -108,6 +114,12 @@ class GroupProcessor:
         self.drops: Counter[str] = Counter()
         self.accepted = 0
         self.replayed = 0
+        self.refill_version_wait()
+
+    def refill_version_wait(self) -> None:
+        """Start a new ``VERSION_WAIT_S`` budget: at each poll (native), each window (faust)."""
+        self._wait_left = VERSION_WAIT_S
+        self._wait_refilled = time.monotonic()
 
     def _admit(self, message: Message) -> Arrival:
         ctx = self.ctx
@@ -122,10 +134,12 @@ class GroupProcessor:
         except WeightFollowerError:  # not this record's fault: the processor ends, its restart reads it again
             raise
         except Exception as exc:  # a check that raises rejects this record, never the processor
-            self._dead_letter(message, f"invalid trajectory {trajectory.trajectory_id}: {error_reason(exc)}", exc)
+            self._dead_letter(
+                message, f"invalid trajectory {clipped(trajectory.trajectory_id)}: {error_reason(exc)}", exc
+            )
             return Arrival(trajectory.group_id, trajectory.trajectory_id, self._size(trajectory))
         if problem is not None:
-            self._dead_letter(message, f"invalid trajectory {trajectory.trajectory_id}: {problem}")
+            self._dead_letter(message, f"invalid trajectory {clipped(trajectory.trajectory_id)}: {problem}")
             return Arrival(trajectory.group_id, trajectory.trajectory_id, self._size(trajectory))
         return Arrival(trajectory.group_id, trajectory.trajectory_id, trajectory.group_size, trajectory)
 
@@ -148,11 +162,14 @@ class GroupProcessor:
         return problem
 
     def _newest_version(self, needed: int) -> int:
-        """The newest published version, once it is ``needed`` or ``VERSION_WAIT_S`` passed; the base
-        checkpoint (version 0) counts as published before the trainer's first manifest."""
+        """The newest published version, once it is ``needed`` or the poll's wait budget is spent
+        (``VERSION_WAIT_S``); the base checkpoint (version 0) counts as published before the trainer's
+        first manifest."""
         follower = self.follower
-        if max(follower.latest_version, 0) < needed:  # version 0 needs no waiting
-            follower.wait_for(needed, timeout=VERSION_WAIT_S)
+        if max(follower.latest_version, 0) < needed and self._wait_left > 0:  # version 0 needs no waiting
+            started = time.monotonic()
+            follower.wait_for(needed, timeout=self._wait_left)
+            self._wait_left -= time.monotonic() - started
         return max(follower.latest_version, 0)
 
     def _dead_letter(self, message: Message, reason: str, error: BaseException | None = None) -> None:
