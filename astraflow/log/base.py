@@ -208,8 +208,9 @@ class TransactionalProducer(ABC):
        raises ``FencedError``. Of two instances of a stage, only the newest writes.
     4. ``send_offsets(consumer, offsets)`` commits next-offsets for ``consumer``'s group, as
        ``Consumer.commit`` does, but with the transaction. A group member's offsets count only for
-       partitions it still owns (Kafka checks the group generation, the embedded log the leases in
-       the committing SQLite transaction); otherwise the transaction is aborted.
+       partitions it still owns at the group generation its assignment came from (both backends
+       check the generation: Kafka's coordinator, the embedded log in the committing SQLite
+       transaction); otherwise the transaction is aborted.
     5. ``commit`` makes everything visible, or raises and makes nothing visible: ``FencedError``
        (this producer is finished: close it); ``DeliveryError`` / ``RecordTooLargeError`` (a record
        could not be written) or ``TransactionAbortedError`` (the log aborted it, e.g. the consumer

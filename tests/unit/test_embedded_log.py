@@ -71,7 +71,7 @@ def test_compaction_keeps_the_newest_record_per_key(log: EmbeddedLog) -> None:
     assert read_all(log, "schemas") == [(1, b"b", b"2"), (3, None, b"n"), (4, b"a", b"4")]
 
 
-def test_commit_of_a_partition_that_moved_is_rejected(log: EmbeddedLog) -> None:
+def test_commit_of_a_partition_that_moved_or_of_an_old_generation_is_rejected(log: EmbeddedLog) -> None:
     log.create_topic(TopicSpec("work", partitions=2))
     first, second = log.consumer("g"), log.consumer("g")
     try:
@@ -80,9 +80,15 @@ def test_commit_of_a_partition_that_moved_is_rejected(log: EmbeddedLog) -> None:
         second.subscribe(["work"])
         moved = second.assignment()
         assert len(moved) == 1
-        with pytest.raises(LogError, match="rejected"):
-            first.commit({tp: 1 for tp in first.assignment()})
-        kept = [tp for tp in first.assignment() if tp not in moved]
+        held = first.assignment()
+        with pytest.raises(LogError, match="rejected"):  # the group changed since first's last poll: nothing
+            first.commit({tp: 1 for tp in held})
+        kept = [tp for tp in held if tp not in moved]
+        assert first.committed(kept + moved) == {kept[0]: None, moved[0]: None}
+        first.poll(timeout=0)  # sees the new generation: keeps one partition
+        assert first.assignment() == kept
+        with pytest.raises(LogError, match="rejected"):  # the moved one still refused, the kept one written
+            first.commit({tp: 1 for tp in held})
         assert first.committed(kept + moved) == {kept[0]: 1, moved[0]: None}
     finally:
         first.close()

@@ -9,8 +9,9 @@ that is still there.
 
 ``poll``, step by step:
 
-1. in a group, sync the assignment (``embedded_groups`` step 4); a partition that was lost
-   forgets its position, so it is not read again unless it comes back, from the committed offset;
+1. in a group, sync the assignment (``groups`` step 4); a partition that was lost forgets its
+   position, so it is not read again unless it comes back, from the committed offset; with a new
+   generation every partition does;
 2. read up to ``max_records`` records (and about ``FETCH_MAX_BYTES``, at least one) from the
    assigned partitions that have records past the position, starting one partition further on
    every poll so that none starves;
@@ -21,8 +22,9 @@ that is still there.
 ``commit``, step by step:
 
 1. take the given offsets, or the position of every assigned partition that has one;
-2. in one transaction, a group member keeps only the partitions it still owns
-   (``embedded_groups`` step 5) and writes those to ``committed_offsets``;
+2. in one transaction, a group member keeps only the partitions it still owns at the generation its
+   assignment was computed at (``groups`` step 5: none, when the group changed since its last poll)
+   and writes those to ``committed_offsets``;
 3. when some were not owned, raise ``LogError`` naming them (the rest stay committed): their new
    owner reads those records again from the last commit, which is the at-least-once case.
 """
@@ -114,8 +116,9 @@ class EmbeddedConsumer(Consumer):
         if rejected:
             names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in rejected)
             raise LogError(
-                f"group {group_id!r}: commit of {names} rejected because they now belong to another"
-                " member, who will read their records again; the other partitions were committed"
+                f"group {group_id!r}: commit of {names} rejected because the group changed since this member's"
+                " last poll or they now belong to another member, who will read their records again; the other"
+                " partitions were committed"
             )
 
     def commit_in(self, conn: sqlite3.Connection, offsets: dict[TopicPartition, int]) -> list[TopicPartition]:
@@ -229,6 +232,8 @@ class EmbeddedConsumer(Consumer):
                 len(gained),
                 len(lost),
             )
+        if self._member.new_generation:  # a kept partition may have moved and back: from the committed offset
+            self._positions = {}
         self._set_assignment(share)
 
     def _set_assignment(self, partitions: list[TopicPartition]) -> None:

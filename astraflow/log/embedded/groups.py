@@ -9,7 +9,10 @@ Lease and rebalance algorithm:
 2. A heartbeat thread per member refreshes its ``heartbeat_ms`` every quarter session and, in the
    same transaction, deletes every member of the group whose lease ran out
    (``heartbeat_ms + session_ms < now``), bumping the generation when it deleted one. A member
-   that finds its own row gone (it was expired while stalled) inserts it again: a rejoin.
+   that finds its own row gone (it was expired while stalled) inserts it again: a rejoin. A
+   rejoined member's next poll revokes every partition it held (an empty assignment, so the
+   application drops what it kept of them), and the poll after takes its new share, from the
+   committed offsets.
    The thread stops refreshing once the application has not polled for ``MAX_POLL_INTERVAL_S``
    (Kafka's ``max.poll.interval.ms``), so a hung main loop loses its partitions too.
 3. ``close`` deletes the row and bumps the generation at once: the others take over on their
@@ -17,9 +20,15 @@ Lease and rebalance algorithm:
 4. Every member computes the assignment itself with one pure function (``assign_round_robin``)
    of the sorted member rows and the partition counts of their topics, again on every poll
    where the generation or a partition count differs from what it saw last. All members read
-   the same rows, so they agree without talking to each other.
-5. Commits are fenced: the committing transaction recomputes the assignment from the rows and
-   writes only the partitions that belong to the committing member.
+   the same rows, so they agree without talking to each other. With a new generation the consumer
+   forgets every position, as Kafka's eager rebalance does: a partition it keeps may have been
+   another member's in between (while this one was paused), so it reads on from the committed
+   offset, never from where it was.
+5. Commits are fenced by generation: the committing transaction reads the group's generation, and
+   a member whose assignment was computed at another one (the group changed since its last poll)
+   commits nothing; otherwise it writes only the partitions that belong to it by the rows. So a
+   member paused past its lease (SIGSTOP, a long GC) commits nothing when it resumes - not even for
+   a partition the rows deal back to it - until a poll has shown it the change.
 
 So between a membership change and the old owner's next poll, old and new owner may both return
 records of a moved partition; the old owner's commits for it are rejected (step 5), and the new
@@ -106,6 +115,12 @@ class GroupMember:
         self._session_ms = max(1, round(session_timeout_s * 1000))
         self._topics: tuple[str, ...] = ()
         self._seen: tuple[int, tuple[tuple[str, int], ...]] | None = None
+        """(generation, partition counts) the current share was computed at; ``None``: no share taken."""
+        self.new_generation = False
+        """Whether the share ``share_if_changed`` returned last came with a new generation (step 4)."""
+        self._joined = False
+        self._rejoined = False
+        """Set when this member's row was found expired and inserted again (step 2)."""
         self._last_poll = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -115,6 +130,7 @@ class GroupMember:
         self._topics = tuple(sorted(set(topics)))
         self._seen = None
         store.write(lambda conn: self._heartbeat(conn, changed=True))
+        self._joined, self._rejoined = True, False
         if self._thread is None:
             self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{self.member_id}", daemon=True)
             self._thread.start()
@@ -124,18 +140,27 @@ class GroupMember:
         self._last_poll = time.monotonic()
         state = store.read(lambda conn: GroupState.load(conn, self.group_id))
         if self.member_id not in state.members:
-            logger.info("member %s was expired from group %s; rejoining", self.member_id, self.group_id)
-            store.write(self._heartbeat)
-            state = store.read(lambda conn: GroupState.load(conn, self.group_id))
+            store.write(self._heartbeat)  # a rejoin
+        if self._rejoined:
+            self._rejoined, self._seen = False, None
+            logger.info(
+                "member %s was expired from group %s; rejoined, its partitions revoked", self.member_id, self.group_id
+            )
+            return []
         seen = (state.generation, state.partitions)
         if seen == self._seen:
             return None
+        self.new_generation = self._seen is None or seen[0] != self._seen[0]
         self._seen = seen
         return state.share(self.member_id)
 
     def owned(self, conn: sqlite3.Connection) -> set[TopicPartition]:
-        """The partitions this member owns by the rows as they are in ``conn``'s transaction (step 5)."""
-        return set(GroupState.load(conn, self.group_id).share(self.member_id))
+        """The partitions this member may commit in ``conn``'s transaction (step 5): none when the group's
+        generation is not the one its assignment was computed at, else its share by the rows."""
+        state = GroupState.load(conn, self.group_id)
+        if self._seen is None or state.generation != self._seen[0]:
+            return set()
+        return set(state.share(self.member_id))
 
     def leave(self, store: Store) -> None:
         """Stop heart-beating and hand the partitions over at once (step 3)."""
@@ -166,6 +191,7 @@ class GroupMember:
                 (*key, topics, now, self._session_ms),
             )
             changed = True
+            self._rejoined = self._joined  # the row was gone after the first join: expired while stalled
         lapsed = "FROM group_members WHERE group_id = ? AND heartbeat_ms + session_ms < ?"
         expired = conn.execute(f"SELECT member_id {lapsed}", (self.group_id, now)).fetchall()
         if expired:
