@@ -22,7 +22,8 @@ Steps of one publish (what makes a version atomic and exact for readers):
    weights. With ``weights.signing_key`` the manifest is signed (``signing.py``), and readers that
    hold ``weights.verify_key`` take in only signed versions.
 5. With ``keep_versions`` (8 by default), versions no longer kept are deleted from the topic and
-   the store (``retention.py``).
+   the store (``retention.py``) once the new version is visible: at once without a transaction,
+   else when the caller says its transaction committed (``committed``).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class WeightPublisher:
                 raise WeightsError("weights.keep_versions: the publisher needs the log to delete old versions from")
             self._retention = VersionRetention(self.config.keep_versions, log, topic, self._store)
         self._previous: PublishedVersion | None = None
+        self._visible: KeptVersion | None = None
+        """The version whose retention waits for its transaction's commit (``committed``)."""
         self._spare: dict | None = None
         self._last_full = -1
 
@@ -150,7 +153,9 @@ class WeightPublisher:
         if base is None:
             self._last_full = version
         if self._retention is not None:
-            self._retention.published(KeptVersion(version, base is None, start, manifest.store_uri))
+            self._visible = KeptVersion(version, base is None, start, manifest.store_uri)
+            if transaction is None:  # flushed: visible now
+                self.committed()
         self.last_stats = PublishStats(
             manifest.encoding,
             manifest.total_bytes,
@@ -161,6 +166,14 @@ class WeightPublisher:
             time.perf_counter() - encoded,
         )
         return manifest
+
+    def committed(self) -> None:
+        """The transaction that carried the last manifest committed: apply retention
+        (``weights.keep_versions``) to what that version made unneeded. Never before: a fenced
+        trainer's publish never commits, so it deletes nothing of the versions a newer one published."""
+        if self._retention is not None and self._visible is not None:
+            self._retention.published(self._visible)
+        self._visible = None
 
     @property
     def published(self) -> PublishedVersion | None:

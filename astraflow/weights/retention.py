@@ -12,8 +12,9 @@ than that full version:
 2. with a store, the stored chunks of the dropped versions are deleted, and so is any other stored
    version of the topic not kept (left behind by an earlier run of the trainer).
 
-Deleting happens after the new version's manifest is flushed, so the newest version is always
-whole. A reader that is still fetching a dropped version finds it gone, logs it, and waits for the
+Deleting happens after the new version's manifest is visible (flushed, or its transaction
+committed), so the newest version is always whole, and a fenced trainer, whose transaction never
+commits, deletes nothing. A reader that is still fetching a dropped version finds it gone, logs it, and waits for the
 next full version; it never applies a part of one.
 """
 

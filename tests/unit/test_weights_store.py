@@ -137,3 +137,25 @@ def test_retention_on_the_store_deletes_old_versions_and_leftovers(tmp_path: Pat
     assert names[2] == [f"v{2:012d}"]  # version 2 is full: 0 and 1 go, and so does the leftover
     assert names[3] == [f"v{v:012d}" for v in (2, 3)]
     assert names[4] == [f"v{4:012d}"]
+
+
+def test_retention_waits_for_the_commit_of_the_version_that_drops_the_others(tmp_path: Path) -> None:
+    """A version published in a transaction deletes nothing until the caller says it committed: a fenced
+    trainer's transaction never commits, so its sweep never removes the versions a newer trainer stored."""
+    root = tmp_path / "store"
+    config = WeightsConfig(transport="store", store=str(root), keep_versions=1, chunk_bytes=4096)
+    with open_weights_log(tmp_path) as log, log.producer() as producer:
+        transactions = log.transactional_producer("r.train.main")
+        publisher = WeightPublisher(producer, Codec(), TOPIC, "main", config, log=log)
+        for version in range(2):
+            transactions.begin()
+            publisher.publish({"w": torch.full((3000,), float(version))}, version, full=True, transaction=transactions)
+            assert [p.name[:13] for p in version_dirs(root)] == [f"v{v:012d}" for v in range(version + 1)]
+            transactions.commit()
+            publisher.committed()
+        assert [p.name[:13] for p in version_dirs(root)] == [f"v{1:012d}"]  # version 0 went once 1 committed
+        transactions.begin()
+        publisher.publish({"w": torch.full((3000,), 2.0)}, 2, full=True, transaction=transactions)
+        transactions.abort()  # as a fenced trainer's never commits: nothing of version 1 may go
+        assert [p.name[:13] for p in version_dirs(root)] == [f"v{v:012d}" for v in (1, 2)]
+        transactions.close()

@@ -125,3 +125,20 @@ def recall_trained(
                             pass  # dead-lettered when it was first read
         finally:
             reader.close()
+
+
+def policy_examples(batch: list[TrainSample]) -> list:
+    """The batch as the learner takes it (``training.step.PolicyExample``): each sample's tokens, behaviour
+    log-probs, loss mask, and its per-token advantages where the stream made them, else its advantage."""
+    from astraflow.training.step import PolicyExample  # torch: only the trainer process needs it
+
+    return [
+        PolicyExample(
+            s.trajectory.prompt_ids,
+            s.trajectory.response_ids,
+            s.trajectory.behaviour_logprobs,
+            s.trajectory.loss_mask,
+            s.token_advantages if len(s.token_advantages) else s.advantage,
+        )
+        for s in batch
+    ]

@@ -38,9 +38,9 @@ Steps of one version (the order is the guarantee):
 8. Once a commit makes a new checkpoint one the ledger names, retention deletes older ones
    (``CheckpointStore.prune``): never the newest named one, whatever crashes left above it.
 
-On a stop signal the trainer finishes its step and, when its version is not checkpointed yet,
-checkpoints it, so the run's final version is on disk (``astraflow run`` exports it to
-``final/<policy>``) and a restart redoes nothing.
+On a stop signal the trainer finishes its step and, when its version is not checkpointed yet and
+it is not fenced (step 3's probe), checkpoints it, so the run's final version is on disk
+(``astraflow run`` exports it to ``final/<policy>``) and a restart redoes nothing.
 
 A crash after 2 and before 7 leaves nothing of the version visible; a checkpoint it wrote is not
 in the ledger and is passed over. A crash after versions published since the last checkpoint (with
@@ -56,7 +56,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from astraflow.consumers.trainer.batch_assembler import BatchAssembler, recall_trained
+from astraflow.consumers.trainer.batch_assembler import BatchAssembler, policy_examples, recall_trained
 from astraflow.consumers.trainer.ledger import TrainerLedger, consumed_ranges
 from astraflow.consumers.trainer.rank_learner import build_rank_learner, restore_rank
 from astraflow.consumers.trainer.sample_checks import sample_problem, stale_feedback, stale_groups
@@ -181,7 +181,10 @@ class Trainer:
                 self._step(taken, waited)
                 waited = 0.0
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
-                self._checkpoint()
+                try:
+                    self._checkpoint_unless_fenced()
+                except FencedError as exc:
+                    raise self._fenced(f"its stop checkpoint of version {self.learner.version}") from exc
                 self.checkpoints.prune(self.ledger.names)
             self.commands.send("stop")
         finally:
@@ -195,13 +198,7 @@ class Trainer:
         topic = ctx.topics.samples(self.policy)
         try:
             if kind == "step" and version % ctx.config.train.checkpoint_every == 0:
-                self.transactions.begin()  # step 3: fenced or not, before the checkpoint
-                partitions = [tp for tp in self.consumer.assignment() if tp.topic == topic]
-                self.transactions.send_offsets(
-                    self.consumer, {tp: self.committed.get(tp.partition, 0) for tp in partitions}
-                )
-                self.transactions.commit()
-                self._checkpoint()
+                self._checkpoint_unless_fenced()  # step 3
                 crash_point("trainer.checkpoint_written", version)  # the window between the write and the commit
             self.transactions.begin()
             self.commands.send("publish")  # a sharded model's ranks gather its tensors together
@@ -230,11 +227,8 @@ class Trainer:
             self.transactions.commit()
             self.ledger.note(entry)
         except FencedError as exc:
-            raise FencedError(
-                f"the trainer of policy {self.policy!r} (epoch {self.epoch}) was fenced: a newer trainer of the"
-                f" policy opened transactional id {self.transactional_id!r}; this one exits without publishing"
-                f" version {version} or writing its checkpoint"
-            ) from exc
+            raise self._fenced(f"publishing version {version} or writing its checkpoint") from exc
+        self.publisher.committed()  # weight retention, only once the version is visible
         self.parent = (self.epoch, version)
         self.committed = dict(self.offsets)
         self.stale_feedback = []
@@ -308,25 +302,13 @@ class Trainer:
         recall_trained(self.ctx.log, self.ctx.codec, self.offsets, partitions, assembler, window)
 
     def _step(self, taken: list[tuple[TrainSample | None, Message]], waited: float) -> None:
-        from astraflow.training.step import PolicyExample
-
-        ctx = self.ctx
-        learner = self.learner
+        ctx, learner = self.ctx, self.learner
         batch = [sample for sample, _ in taken if sample is not None]
         if not batch:  # every sample of it was dead-lettered
             self._advance(taken)
             return
         staleness = [learner.version - s.trajectory.min_version for s in batch]
-        examples = [
-            PolicyExample(
-                s.trajectory.prompt_ids,
-                s.trajectory.response_ids,
-                s.trajectory.behaviour_logprobs,
-                s.trajectory.loss_mask,
-                s.token_advantages if len(s.token_advantages) else s.advantage,
-            )
-            for s in batch
-        ]
+        examples = policy_examples(batch)
         self.commands.send(
             "step",
             examples=examples,
@@ -364,6 +346,22 @@ class Trainer:
             stats.grad_norm,
             len(batch),
             stats.seconds,
+        )
+
+    def _checkpoint_unless_fenced(self) -> None:
+        """A transaction that commits only the offsets already committed, where a fenced trainer learns
+        it was fenced (``FencedError``) and so writes nothing; then the checkpoint (step 3, a stop)."""
+        topic = self.ctx.topics.samples(self.policy)
+        self.transactions.begin()
+        partitions = [tp for tp in self.consumer.assignment() if tp.topic == topic]
+        self.transactions.send_offsets(self.consumer, {tp: self.committed.get(tp.partition, 0) for tp in partitions})
+        self.transactions.commit()
+        self._checkpoint()
+
+    def _fenced(self, without: str) -> FencedError:
+        return FencedError(
+            f"the trainer of policy {self.policy!r} (epoch {self.epoch}) was fenced: a newer trainer of the policy"
+            f" opened transactional id {self.transactional_id!r}; this one exits without {without}"
         )
 
     def _checkpoint(self) -> None:
