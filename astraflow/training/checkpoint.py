@@ -73,6 +73,8 @@ class TrainerState:
     trained_samples: int
     epoch: int = 0
     """The trainer epoch whose ledger entry names this version (0: written before the ledger existed)."""
+    published_full: bool = False
+    """Whether the version is published whole, so that its ledger entry's sha256 is of these weights."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -81,6 +83,7 @@ class TrainerState:
                 "offsets": self.offsets,
                 "trained_samples": self.trained_samples,
                 "epoch": self.epoch,
+                "published_full": self.published_full,
             }
         )
 
@@ -88,7 +91,9 @@ class TrainerState:
     def from_json(cls, text: str) -> "TrainerState":
         raw = json.loads(text)
         offsets = {int(partition): offset for partition, offset in raw["offsets"].items()}
-        return cls(raw["version"], offsets, raw["trained_samples"], raw.get("epoch", 0))
+        return cls(
+            raw["version"], offsets, raw["trained_samples"], raw.get("epoch", 0), raw.get("published_full", False)
+        )
 
 
 def read_state(directory: Path) -> TrainerState:

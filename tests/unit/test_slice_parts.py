@@ -122,6 +122,7 @@ def test_checkpoint_round_trip_and_atomicity(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2)
     for version in (1, 2, 3):
         store.save(model, optimizer, TrainerState(version, {0: 10 * version}, 4 * version))
+        store.prune(lambda state: True)  # each version committed: retention keeps the newest two
     (tmp_path / "v00000009.tmp").mkdir()  # a crash mid-save leaves a .tmp directory
     assert [p.name for p in sorted(tmp_path.glob("v*"))] == ["v00000002", "v00000003", "v00000009.tmp"]
     fresh = torch.nn.Linear(3, 2)

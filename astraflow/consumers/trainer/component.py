@@ -26,7 +26,8 @@ Steps of one version (the order is the guarantee):
    stays short however large the model (Kafka aborts a transaction open longer than
    ``transaction.timeout.ms``).
 4. Begin the version's transaction; publish version v + 1 to ``{run}.weights.{policy}``: the chunks
-   (a sparse delta against version v in the transfer dtype, or a full version;
+   (a sparse delta against version v in the transfer dtype, or a full version - always at a
+   checkpoint, so its ledger entry's sha256 is of the checkpoint's weights, which a restore checks;
    ``weights/publish.py``) flushed outside it, the manifest in it.
 5. Send the version's ``LedgerEntry`` to ``{run}.ledger.{policy}`` in it: epoch, version, the
    version it was trained from, the samples partitions' ranges consumed since the last version,
@@ -58,7 +59,7 @@ from typing import TYPE_CHECKING
 
 from astraflow.consumers.trainer.batch_assembler import BatchAssembler, policy_examples, recall_trained
 from astraflow.consumers.trainer.ledger import TrainerLedger, consumed_ranges
-from astraflow.consumers.trainer.rank_learner import build_rank_learner, restore_rank
+from astraflow.consumers.trainer.rank_learner import build_rank_learner, check_restored, restore_leader
 from astraflow.consumers.trainer.sample_checks import sample_problem, stale_feedback, stale_groups
 from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError, FencedError, NonFiniteStepError, error_reason
@@ -79,7 +80,6 @@ from astraflow.training.checkpoint import (
     RECALL_WINDOW,
     CheckpointStore,
     TrainerState,
-    read_state,
 )
 from astraflow.training.distributed import SINGLE, CommandChannel, Ranks
 from astraflow.weights.publish import WeightPublisher
@@ -115,11 +115,9 @@ class Trainer:
         """What the ledger names, kept up to date with every entry this trainer commits (retention)."""
         self.epoch = ledger.next_epoch
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
-        found = self.checkpoints.find(accept=ledger.names)
-        checkpointed = read_state(found).version if found else 0
-        start = ledger.start_version(checkpointed)
-        self.commands.send("restore", directory=str(found) if found else None, version=start)
-        restored = restore_rank(self.learner, found, start)
+        found, restored, checkpointed = restore_leader(self.learner, self.checkpoints, ledger, self.commands)
+        self.restored = restored
+        """The state of the checkpoint this trainer resumed from (``None``: the base)."""
         self.checkpointed = checkpointed
         """The newest checkpointed version (0: the base, which needs none)."""
         self.parent = (restored.epoch, restored.version) if restored else (-1, -1)
@@ -135,15 +133,6 @@ class Trainer:
         self.stale_samples = 0
         self.stale_feedback: list[PromptStats] = []
         """Stale groups dropped since the last version, sent in its transaction (step 5)."""
-        if restored:
-            logger.info(
-                "trainer epoch %d resumed %s at version %d from offsets %s; publishing it as version %d",
-                self.epoch,
-                policy,
-                restored.version,
-                self.offsets,
-                self.learner.version,
-            )
         self.publisher = WeightPublisher(
             ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights, log=ctx.log
         )
@@ -197,14 +186,17 @@ class Trainer:
         ctx, version = self.ctx, self.learner.version
         topic = ctx.topics.samples(self.policy)
         try:
-            if kind == "step" and version % ctx.config.train.checkpoint_every == 0:
-                self._checkpoint_unless_fenced()  # step 3
+            due = kind == "step" and version % ctx.config.train.checkpoint_every == 0
+            if due:
+                self._checkpoint_unless_fenced(published_full=True)  # step 3
                 crash_point("trainer.checkpoint_written", version)  # the window between the write and the commit
             self.transactions.begin()
             self.commands.send("publish")  # a sharded model's ranks gather its tensors together
             manifest = self.publisher.publish(
-                self.learner.backend.full_state(), version, full=full, transaction=self.transactions
+                self.learner.backend.full_state(), version, full=full or due, transaction=self.transactions
             )
+            if kind == "start":
+                check_restored(self.restored, manifest.sha256, self.ledger)
             entry = LedgerEntry(
                 self.policy,
                 kind,
@@ -348,7 +340,7 @@ class Trainer:
             stats.seconds,
         )
 
-    def _checkpoint_unless_fenced(self) -> None:
+    def _checkpoint_unless_fenced(self, published_full: bool = False) -> None:
         """A transaction that commits only the offsets already committed, where a fenced trainer learns
         it was fenced (``FencedError``) and so writes nothing; then the checkpoint (step 3, a stop)."""
         topic = self.ctx.topics.samples(self.policy)
@@ -356,7 +348,7 @@ class Trainer:
         partitions = [tp for tp in self.consumer.assignment() if tp.topic == topic]
         self.transactions.send_offsets(self.consumer, {tp: self.committed.get(tp.partition, 0) for tp in partitions})
         self.transactions.commit()
-        self._checkpoint()
+        self._checkpoint(published_full)
 
     def _fenced(self, without: str) -> FencedError:
         return FencedError(
@@ -364,9 +356,9 @@ class Trainer:
             f" opened transactional id {self.transactional_id!r}; this one exits without {without}"
         )
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, published_full: bool = False) -> None:
         """An atomic checkpoint of the current version, with the offsets after its batch."""
-        state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch)
+        state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch, published_full)
         if self.ranks.distributed or self.learner.backend.checkpoints_sharded:  # every rank writes its shards
             tmp = self.checkpoints.begin(state.version)
             self.commands.send("checkpoint", directory=str(tmp))

@@ -42,6 +42,8 @@ class TrainerLedger:
     """The highest version of any entry; ``None`` for an empty ledger."""
     last_offsets: dict[str, int] = field(default_factory=dict)
     """The samples offsets after the entry of ``last_version`` (the newest version published)."""
+    payloads: dict[tuple[int, int], str] = field(default_factory=dict)
+    """(epoch, version) → the sha256 of the version's published payload (a restore is checked against it)."""
 
     @classmethod
     def read(cls, log: Log, codec: Codec, topic: str) -> "TrainerLedger":
@@ -59,6 +61,7 @@ class TrainerLedger:
 
     def note(self, entry: LedgerEntry) -> None:
         self.keys.add((entry.epoch, entry.version))
+        self.payloads[(entry.epoch, entry.version)] = entry.payload_sha256
         self.last_epoch = max(self.last_epoch, entry.epoch)
         if self.last_version is None or entry.version >= self.last_version:
             self.last_version, self.last_offsets = entry.version, dict(entry.offsets)

@@ -10,9 +10,18 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from astraflow.consumers.trainer.ledger import TrainerLedger
+from astraflow.core.errors import AstraFlowError
 from astraflow.runtime.base_checkpoint import base_checkpoint_path
-from astraflow.training.checkpoint import TrainerState, is_deepspeed, is_sharded, load_checkpoint
-from astraflow.training.distributed import SINGLE, Ranks
+from astraflow.training.checkpoint import (
+    CheckpointStore,
+    TrainerState,
+    is_deepspeed,
+    is_sharded,
+    load_checkpoint,
+    read_state,
+)
+from astraflow.training.distributed import SINGLE, CommandChannel, Ranks
 
 if TYPE_CHECKING:
     from astraflow.config import RunConfig
@@ -73,3 +82,42 @@ def restore_rank(learner: Learner, directory: Path | None, version: int) -> Trai
         restored = load_checkpoint(Path(directory), learner.backend.model_state, learner.optimizer)
     learner.version = version
     return restored
+
+
+def restore_leader(
+    learner: Learner, checkpoints: CheckpointStore, ledger: TrainerLedger, commands: CommandChannel
+) -> tuple[Path | None, TrainerState | None, int]:
+    """Rank 0's restore: the newest checkpoint its ledger names (none: the base), loaded by every rank,
+    which train on from the version id the ledger gives it. Returns the directory, its state and the
+    checkpointed version (0 for the base)."""
+    found = checkpoints.find(accept=ledger.names)
+    checkpointed = read_state(found).version if found else 0
+    start = ledger.start_version(checkpointed)
+    commands.send("restore", directory=str(found) if found else None, version=start)
+    restored = restore_rank(learner, found, start)
+    if restored:
+        logger.info(
+            "trainer epoch %d resumed at version %d from offsets %s of %s; publishing it as version %d",
+            ledger.next_epoch,
+            restored.version,
+            restored.offsets,
+            found,
+            learner.version,
+        )
+    return found, restored, checkpointed
+
+
+def check_restored(restored: TrainerState | None, sha256: str, ledger: TrainerLedger) -> None:
+    """Refuse to resume from a checkpoint whose weights (published again whole, ``sha256``) are not the
+    ones its version was published with: a checkpointed version is published whole, so its ledger
+    entry's ``payload_sha256`` is the sha256 of exactly those weights. A checkpoint written at a stop
+    (of a version published as a delta) or before this check existed carries nothing to check."""
+    if restored is None or not restored.published_full:
+        return
+    expected = ledger.payloads.get((restored.epoch, restored.version))
+    if expected and expected != sha256:
+        raise AstraFlowError(
+            f"the checkpoint of version {restored.version} (epoch {restored.epoch}) does not hold the weights that"
+            f" version was published with (sha256 {sha256[:16]}..., the ledger says {expected[:16]}...): it was"
+            " changed on disk; refusing to resume from it (delete it to resume from the one before)"
+        )
