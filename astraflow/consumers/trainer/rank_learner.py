@@ -85,7 +85,7 @@ def restore_rank(learner: Learner, directory: Path | None, version: int) -> Trai
 
 
 def restore_leader(
-    learner: Learner, checkpoints: CheckpointStore, ledger: TrainerLedger, commands: CommandChannel
+    policy: str, learner: Learner, checkpoints: CheckpointStore, ledger: TrainerLedger, commands: CommandChannel
 ) -> tuple[Path | None, TrainerState | None, int]:
     """Rank 0's restore: the newest checkpoint its ledger names (none: the base), loaded by every rank,
     which train on from the version id the ledger gives it. Returns the directory, its state and the
@@ -97,11 +97,11 @@ def restore_leader(
     restored = restore_rank(learner, found, start)
     if restored:
         logger.info(
-            "trainer epoch %d resumed at version %d from offsets %s of %s; publishing it as version %d",
+            "trainer epoch %d resumed %s at version %d from offsets %s; publishing it as version %d",
             ledger.next_epoch,
+            policy,
             restored.version,
             restored.offsets,
-            found,
             learner.version,
         )
     return found, restored, checkpointed
