@@ -51,3 +51,14 @@ def log(log_target: dict[str, str]) -> Iterator[Log]:
     """A ``Log`` of the parametrized backend."""
     with open_log(**log_target) as opened:
         yield opened
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """After the unit tests, how many commits changed the code under each committed benchmark figure
+    since it ran (``benchmarks/staleness.py``), computed now so that it cannot go stale itself."""
+    if not any(Path(arg).parts[-1:] == ("unit",) for arg in config.args):
+        return
+    from benchmarks import staleness  # the benchmarks folder is a namespace package of the repository
+
+    terminalreporter.write_sep("-", "benchmark figures: commits on their paths since they ran")
+    terminalreporter.write_line(staleness.table(staleness.figures()))
