@@ -37,7 +37,7 @@ DEPENDS: dict[str, list[str]] = {
     "elastic.json": ["benchmarks/elastic.py", *WHOLE_SYSTEM],
     "engines.json": ["benchmarks/engines.py", "astraflow/engines"],
     "log_throughput.json": ["benchmarks/log_throughput.py", "astraflow/log", "astraflow/schemas"],
-    "main_job_summary.json": ["Makefile", *WHOLE_SYSTEM],
+    "main_job_summary.json": ["Makefile", "benchmarks/main_job.py", *WHOLE_SYSTEM],
     "multi_policy_real.json": ["benchmarks/multi_policy.py", "examples/solver_verifier", "astraflow"],
     "multi_policy_sim.json": ["benchmarks/multi_policy.py", "benchmarks/trainer_centred.py", "astraflow"],
     "prototype_grpo.json": ["benchmarks/prototype_grpo.py"],
