@@ -76,3 +76,11 @@ class WeightFollowerError(AstraFlowError):
 def error_reason(exc: BaseException) -> str:
     """``error: <type>: <text>``: the dead-letter reason of a record or group whose handling raised."""
     return f"error: {type(exc).__name__}: {exc}"
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was: for error messages and dead-letter
+    reasons that quote what something else chose (a server's answer, a producer's id)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} chars)"

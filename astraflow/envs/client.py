@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from astraflow.core.errors import clip as clip_to
 from astraflow.envs.base import EnvError
 
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
@@ -41,11 +42,9 @@ _READ_CHUNK = 64 * 1024
 _ERROR_BODY_BYTES = 4 * ERROR_TEXT_CHARS  # of an error answer: enough for the clipped text
 
 
-def clip(text: str, limit: int = ERROR_TEXT_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying how long it was, for error messages."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text):,} chars)"
+def clip(text: str) -> str:
+    """``text`` cut to ``ERROR_TEXT_CHARS`` characters, for the errors of an environment's answers."""
+    return clip_to(text, ERROR_TEXT_CHARS)
 
 
 class _Deadline:

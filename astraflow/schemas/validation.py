@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from astraflow.core.errors import clip
 from astraflow.schemas.records import Trajectory
 
 MAX_ID_BYTES = 256
@@ -59,10 +60,10 @@ ID_FIELDS = (
 by the record size)."""
 
 
-def clipped(text: str, keep: int = 64) -> str:
-    """``text`` as a dead-letter reason quotes it: whole up to ``keep`` characters, else its start and its
-    length (the reason of an id rejected for its size must still say which field and why)."""
-    return text if len(text) <= keep else f"{text[:keep]}...({len(text):,} chars)"
+def clipped(text: str) -> str:
+    """An id as a dead-letter reason quotes it: whole up to 64 characters, else its start and its length
+    (the reason of an id rejected for its size must still say which field and why)."""
+    return clip(text, 64)
 
 
 @dataclass(frozen=True)
