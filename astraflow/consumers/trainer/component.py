@@ -115,7 +115,7 @@ class Trainer:
         """What the ledger names, kept up to date with every entry this trainer commits (retention)."""
         self.epoch = ledger.next_epoch
         self.checkpoints = CheckpointStore(RunDir(ctx.run_dir).checkpoints(policy))
-        found, restored, checkpointed = restore_leader(policy, self.learner, self.checkpoints, ledger, self.commands)
+        restored, checkpointed = restore_leader(policy, self.learner, self.checkpoints, ledger, self.commands)
         self.restored = restored
         """The state of the checkpoint this trainer resumed from (``None``: the base)."""
         self.checkpointed = checkpointed

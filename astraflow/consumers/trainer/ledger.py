@@ -35,15 +35,14 @@ from astraflow.training.checkpoint import TrainerState
 class TrainerLedger:
     """What a starting trainer needs of its policy's ledger (see the module docstring)."""
 
-    keys: set[tuple[int, int]] = field(default_factory=set)
-    """(epoch, version) of every entry."""
     last_epoch: int = 0
     last_version: int | None = None
     """The highest version of any entry; ``None`` for an empty ledger."""
     last_offsets: dict[str, int] = field(default_factory=dict)
     """The samples offsets after the entry of ``last_version`` (the newest version published)."""
     payloads: dict[tuple[int, int], str] = field(default_factory=dict)
-    """(epoch, version) → the sha256 of the version's published payload (a restore is checked against it)."""
+    """(epoch, version) of every entry → the sha256 of the version's published payload (a restore is
+    checked against it)."""
 
     @classmethod
     def read(cls, log: Log, codec: Codec, topic: str) -> "TrainerLedger":
@@ -60,7 +59,6 @@ class TrainerLedger:
         return ledger
 
     def note(self, entry: LedgerEntry) -> None:
-        self.keys.add((entry.epoch, entry.version))
         self.payloads[(entry.epoch, entry.version)] = entry.payload_sha256
         self.last_epoch = max(self.last_epoch, entry.epoch)
         if self.last_version is None or entry.version >= self.last_version:
@@ -73,7 +71,7 @@ class TrainerLedger:
     def names(self, state: TrainerState) -> bool:
         """Whether the checkpoint of ``state`` is one of a committed version (step 2). Before the
         ledger's first entry every checkpoint is taken (a run from before the ledger existed)."""
-        return self.last_version is None or (state.epoch, state.version) in self.keys
+        return self.last_version is None or (state.epoch, state.version) in self.payloads
 
     def start_version(self, restored_version: int) -> int:
         """The version id under which a trainer restored at ``restored_version`` publishes (step 3)."""

@@ -86,10 +86,10 @@ def restore_rank(learner: Learner, directory: Path | None, version: int) -> Trai
 
 def restore_leader(
     policy: str, learner: Learner, checkpoints: CheckpointStore, ledger: TrainerLedger, commands: CommandChannel
-) -> tuple[Path | None, TrainerState | None, int]:
+) -> tuple[TrainerState | None, int]:
     """Rank 0's restore: the newest checkpoint its ledger names (none: the base), loaded by every rank,
-    which train on from the version id the ledger gives it. Returns the directory, its state and the
-    checkpointed version (0 for the base)."""
+    which train on from the version id the ledger gives it. Returns its state and the checkpointed
+    version (0 for the base)."""
     found = checkpoints.find(accept=ledger.names)
     checkpointed = read_state(found).version if found else 0
     start = ledger.start_version(checkpointed)
@@ -104,7 +104,7 @@ def restore_leader(
             restored.offsets,
             learner.version,
         )
-    return found, restored, checkpointed
+    return restored, checkpointed
 
 
 def check_restored(restored: TrainerState | None, sha256: str, ledger: TrainerLedger) -> None:
