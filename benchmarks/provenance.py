@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from staleness import git
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
 
 def sha256_of(path: Path) -> str:
@@ -28,7 +25,7 @@ def sha256_of(path: Path) -> str:
 
 def begin(config: Path | None = None) -> dict:
     """The provenance of a run about to start (``config``: the config file it uses, if any)."""
-    commit = _git("describe", "--always", "--dirty", "--abbrev=12").strip()
+    commit = git("describe", "--always", "--dirty", "--abbrev=12")
     record = {
         "commit": commit,
         "command": [Path(sys.executable).name, *sys.argv],
@@ -37,7 +34,7 @@ def begin(config: Path | None = None) -> dict:
         "load_before": list(os.getloadavg()),
     }
     if commit.endswith("-dirty"):
-        record["diff_sha256"] = hashlib.sha256(_git("diff", "HEAD").encode()).hexdigest()
+        record["diff_sha256"] = hashlib.sha256(git("diff", "HEAD").encode()).hexdigest()
     return record
 
 

@@ -72,7 +72,7 @@ class Figure:
     """Commits that touched ``paths`` after ``commit``; ``None`` where git cannot tell (a shallow clone)."""
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -91,7 +91,7 @@ def recorded_commits(value: object) -> list[str]:
 
 def changes_since(commit: str, paths: list[str]) -> int | None:
     try:
-        return int(_git("rev-list", "--count", f"{commit}..HEAD", "--", *paths))
+        return int(git("rev-list", "--count", f"{commit}..HEAD", "--", *paths))
     except (subprocess.CalledProcessError, ValueError):
         return None
 
@@ -105,7 +105,7 @@ def figures() -> list[Figure]:
         commits = recorded_commits(json.loads(result.read_text()))
         recorded = bool(commits)
         if not recorded:
-            commits = [_git("log", "-1", "--format=%h", "--", str(result.relative_to(REPO)))]
+            commits = [git("log", "-1", "--format=%h", "--", str(result.relative_to(REPO)))]
         counted = [(changes_since(commit, paths), commit) for commit in commits]
         changes, commit = max(counted, key=lambda pair: -1 if pair[0] is None else pair[0])
         found.append(Figure(name, commit, recorded, paths, changes))
