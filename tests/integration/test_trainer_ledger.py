@@ -30,10 +30,10 @@ from astraflow.core.errors import FencedError
 from astraflow.core.rundir import RunDir
 from astraflow.runtime.attach import decode_snapshot
 from astraflow.runtime.context import ComponentContext
-from astraflow.schemas.records import LedgerEntry, OffsetRange, TrainSample, WeightChunk
+from astraflow.schemas.records import LedgerEntry, OffsetRange, WeightChunk
 from astraflow.weights.follow import WeightFollower
 from tests.unit.test_trainer_reference import recorded_samples
-from tests.unit.tiny_trainer import stopping_at, tiny_math_config
+from tests.unit.tiny_trainer import send_samples, stopping_at, tiny_math_config
 
 BATCH = 64
 WAIT_S = 120.0
@@ -61,13 +61,6 @@ def make_ctx(log_target: dict[str, str], tmp_path: Path, unique: str) -> Iterato
         ctx.close()
 
 
-def send(ctx: ComponentContext, samples: list[TrainSample]) -> None:
-    for sample in samples:
-        key = sample.trajectory.group_id.encode()
-        ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=key, partition=0)
-    ctx.producer.flush()
-
-
 def ledger(ctx: ComponentContext) -> list[LedgerEntry]:
     return [entry for _, entry in decode_snapshot(ctx.log, ctx.topics.ledger("main"))]
 
@@ -87,7 +80,7 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 def test_a_trainer_killed_between_publish_and_checkpoint_never_reuses_a_version_id(make_ctx) -> None:
     ctx = make_ctx(checkpoint_every=10)
     samples = recorded_samples(3 * BATCH)
-    send(ctx, samples)
+    send_samples(ctx, samples)
     with pytest.raises(RuntimeError, match="killed"):
         stopping_at(Trainer(ctx, "main"), 3, threading.Event(), crash=True).run(threading.Event())
     assert not list(RunDir(ctx.run_dir).checkpoints("main").glob("v*"))  # none was due
@@ -130,7 +123,7 @@ def test_a_trainer_killed_between_publish_and_checkpoint_never_reuses_a_version_
 def test_a_second_trainer_fences_the_first_which_exits_without_touching_its_checkpoints(make_ctx) -> None:
     ctx = make_ctx(checkpoint_every=1)
     samples = recorded_samples(2 * BATCH)
-    send(ctx, samples[:BATCH])
+    send_samples(ctx, samples[:BATCH])
     first, failures, stop_first = Trainer(ctx, "main"), [], threading.Event()
 
     def run_first() -> None:
@@ -147,7 +140,7 @@ def test_a_second_trainer_fences_the_first_which_exits_without_touching_its_chec
         before = {path: path.read_bytes() for path in sorted(checkpoints.rglob("*")) if path.is_file()}
 
         second = Trainer(ctx, "main")  # fences the first
-        send(ctx, samples[BATCH:])
+        send_samples(ctx, samples[BATCH:])
         thread.join(WAIT_S)
         assert not thread.is_alive(), "the fenced trainer did not exit"
     finally:

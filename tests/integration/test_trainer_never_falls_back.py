@@ -16,75 +16,51 @@ point ``trainer.checkpoint_written`` (``astraflow.core.crashpoints``), armed fro
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from astraflow.analysis.audit import fallbacks
-from astraflow.config import dump_config
-from astraflow.core.crashpoints import ENV
 from astraflow.core.rundir import RunDir
-from astraflow.runtime.attach import decode_snapshot
-from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import LedgerEntry
+from tests.integration.test_trainer_ledger import ledger
+from tests.integration.trainer_processes import TrainerRun
 from tests.unit.test_trainer_reference import recorded_samples
-from tests.unit.tiny_trainer import tiny_math_config
+from tests.unit.tiny_trainer import send_samples
 
-REPO = Path(__file__).resolve().parents[2]
 BATCH = 8
 WAIT_S = 240.0
 
 
 def test_two_kills_between_checkpoint_and_commit_resume_from_the_last_committed_checkpoint(tmp_path: Path) -> None:
-    config = tiny_math_config(tmp_path, {"run": "fallback", "train": {"checkpoint_every": 10, "batch_samples": BATCH}})
-    config_path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
-    dump_config(config, config_path)
-    ctx = ComponentContext(config, run_dir, "test")
+    run = TrainerRun(tmp_path, {"run": "fallback", "train": {"checkpoint_every": 10, "batch_samples": BATCH}})
+    ctx = run.ctx
     try:
-        for sample in recorded_samples(70 * BATCH):
-            key = sample.trajectory.group_id.encode()
-            ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=key, partition=0)
-        ctx.producer.flush()
-
-        def trainer(name: str, crash_at: str | None) -> subprocess.Popen:
-            env = {k: v for k, v in os.environ.items() if k != ENV}
-            if crash_at:
-                env[ENV] = crash_at
-            log = (tmp_path / f"{name}.log").open("w")
-            argv = [sys.executable, "-m", "astraflow.cli", "train", str(config_path), "--run-dir", str(run_dir)]
-            return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-        def ledger() -> list[LedgerEntry]:
-            return [entry for _, entry in decode_snapshot(ctx.log, ctx.topics.ledger("main"))]
-
+        send_samples(ctx, recorded_samples(70 * BATCH))
         for name, point in (("first", "trainer.checkpoint_written:40"), ("second", "trainer.checkpoint_written:50")):
-            process = trainer(name, point)
-            assert process.wait(timeout=WAIT_S) == -signal.SIGKILL, (tmp_path / f"{name}.log").read_text()[-3000:]
-        entries = ledger()
+            assert run.start(name, point).wait(timeout=WAIT_S) == -signal.SIGKILL, run.output(name)
+        entries = ledger(ctx)
         assert max(e.version for e in entries if e.epoch == 1) == 39  # version 40 never committed
         assert max(e.version for e in entries if e.epoch == 2) == 49
-        assert "v00000030" in {p.name for p in RunDir(run_dir).checkpoints("main").glob("v*")}
+        assert "v00000030" in {p.name for p in RunDir(run.run_dir).checkpoints("main").glob("v*")}
 
-        third = trainer("third", None)
+        third = run.start("third")
         deadline = time.monotonic() + WAIT_S
         try:
-            while not any(e.epoch == 3 and e.kind == "step" for e in ledger()):
-                assert third.poll() is None, (tmp_path / "third.log").read_text()[-3000:]
+            while not any(e.epoch == 3 and e.kind == "step" for e in ledger(ctx)):
+                assert third.poll() is None, run.output("third")
                 assert time.monotonic() < deadline, "the third trainer published no step"
                 time.sleep(0.2)
         finally:
             third.send_signal(signal.SIGTERM)
             third.wait(timeout=WAIT_S)
-        entries = ledger()
+        entries = ledger(ctx)
         (start,) = [e for e in entries if e.epoch == 3 and e.kind == "start"]
         assert (start.parent_epoch, start.parent_version) == (1, 30)
         assert start.version == 50  # the next unused id: no version number names two weights
         assert fallbacks(entries, 10) == []
     finally:
-        ctx.close()
+        run.close()
 
 
 def test_the_audit_reports_a_fall_back_to_the_base_as_a_failure() -> None:

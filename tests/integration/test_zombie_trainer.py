@@ -11,70 +11,45 @@ only one.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from astraflow.config import dump_config
 from astraflow.core.rundir import RunDir
-from astraflow.runtime.attach import decode_snapshot
-from astraflow.runtime.context import ComponentContext
-from astraflow.schemas.records import LedgerEntry
 from astraflow.training.checkpoint import complete_checkpoints, read_state
+from tests.integration.test_trainer_ledger import ledger
+from tests.integration.trainer_processes import TrainerRun
 from tests.unit.test_trainer_reference import recorded_samples
-from tests.unit.tiny_trainer import tiny_math_config
+from tests.unit.tiny_trainer import send_samples
 
-REPO = Path(__file__).resolve().parents[2]
 BATCH = 8
 BATCHES = 5
 WAIT_S = 240.0
 
 
 def test_a_fenced_trainer_stops_without_writing_a_checkpoint(tmp_path: Path) -> None:
-    config = tiny_math_config(tmp_path, {"run": "zombie", "train": {"checkpoint_every": 100, "batch_samples": BATCH}})
-    config_path, run_dir = tmp_path / "config.yaml", tmp_path / "run"
-    dump_config(config, config_path)
-    ctx = ComponentContext(config, run_dir, "test")
-    processes: dict[str, subprocess.Popen] = {}
-
-    def start(name: str) -> None:
-        log = (tmp_path / f"{name}.log").open("w")
-        argv = [sys.executable, "-m", "astraflow.cli", "train", str(config_path), "--run-dir", str(run_dir)]
-        processes[name] = subprocess.Popen(argv, cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    run = TrainerRun(tmp_path, {"run": "zombie", "train": {"checkpoint_every": 100, "batch_samples": BATCH}})
 
     def wait_for_entry(epoch: int, version: int) -> None:
         deadline = time.monotonic() + WAIT_S
-        while not any(e.epoch == epoch and e.version == version for e in ledger()):
-            for name, process in processes.items():
-                assert process.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
+        while not any(e.epoch == epoch and e.version == version for e in ledger(run.ctx)):
+            for name, process in run.processes.items():
+                assert process.poll() is None, run.output(name)
             assert time.monotonic() < deadline, f"no ledger entry of epoch {epoch}, version {version}"
             time.sleep(0.2)
 
-    def ledger() -> list[LedgerEntry]:
-        return [entry for _, entry in decode_snapshot(ctx.log, ctx.topics.ledger("main"))]
-
     try:
-        for sample in recorded_samples(BATCHES * BATCH):
-            key = sample.trajectory.group_id.encode()
-            ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=key, partition=0)
-        ctx.producer.flush()
-        start("a")
+        send_samples(run.ctx, recorded_samples(BATCHES * BATCH))
+        run.start("a")
         wait_for_entry(1, BATCHES)
-        start("b")  # fences a, which is idle: it has trained every batch
+        run.start("b")  # fences a, which is idle: it has trained every batch
         wait_for_entry(2, 2 * BATCHES + 1)  # b published the base as 6 and trained the batches again into 7-11
-        processes["a"].send_signal(signal.SIGTERM)
-        assert processes["a"].wait(timeout=WAIT_S) != 0
-        assert "was fenced" in (tmp_path / "a.log").read_text()
-        processes["b"].send_signal(signal.SIGTERM)
-        assert processes["b"].wait(timeout=WAIT_S) == 0, (tmp_path / "b.log").read_text()[-3000:]
+        run.processes["a"].send_signal(signal.SIGTERM)
+        assert run.processes["a"].wait(timeout=WAIT_S) != 0
+        assert "was fenced" in run.output("a")
+        run.processes["b"].send_signal(signal.SIGTERM)
+        assert run.processes["b"].wait(timeout=WAIT_S) == 0, run.output("b")
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        ctx.close()
-    states = [read_state(directory) for directory in complete_checkpoints(RunDir(run_dir).checkpoints("main"))]
+        run.close()
+    states = [read_state(directory) for directory in complete_checkpoints(RunDir(run.run_dir).checkpoints("main"))]
     assert [(state.epoch, state.version) for state in states] == [(2, 2 * BATCHES + 1)]

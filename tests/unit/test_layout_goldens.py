@@ -42,7 +42,7 @@ from astraflow.consumers.evaluators.policy import Evaluator
 from astraflow.engines import build_engine
 from astraflow.engines.loading import save_policy
 from astraflow.episodes.heldout import evaluate_exact_match
-from astraflow.log import TopicPartition
+from astraflow.runtime.attach import decode_snapshot
 from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import DeadLetter, PromptStats, TrainSample, Trajectory
 from astraflow.streams.runtimes.native import NativeStreamProcessor
@@ -225,17 +225,10 @@ def stream_trajectories(group_size: int, seed: int = 23) -> list[Trajectory]:
 
 
 def read_topic(ctx: ComponentContext, topic: str, record: type) -> list:
-    """Every record of ``topic``, by partition then offset."""
-    consumer = ctx.log.consumer(group_id=None)
-    try:
-        out = []
-        for partition in range(ctx.log.describe_topic(topic).partitions):
-            consumer.assign([TopicPartition(topic, partition)])
-            consumer.seek_to_beginning()
-            out += [ctx.codec.decode(m.value, expect=record) for m in consumer.poll(max_records=10_000, timeout=0.0)]
-        return out
-    finally:
-        consumer.close()
+    """Every record of ``topic`` (each a ``record``), by partition then offset."""
+    read = sorted(decode_snapshot(ctx.log, topic), key=lambda pair: (pair[0].partition, pair[0].offset))
+    assert all(isinstance(value, record) for _, value in read), [value for _, value in read]
+    return [value for _, value in read]
 
 
 def stream_samples(tmp_path: Path) -> dict:

@@ -16,7 +16,7 @@ from astraflow.runtime.attach import decode_snapshot
 from astraflow.runtime.context import ComponentContext
 from astraflow.training.checkpoint import checkpointed_versions, read_latest_state
 from tests.unit.test_trainer_reference import recorded_samples
-from tests.unit.tiny_trainer import stopping_at, tiny_math_config
+from tests.unit.tiny_trainer import send_samples, stopping_at, tiny_math_config
 
 BATCH = 64
 
@@ -47,10 +47,7 @@ def test_a_checkpoint_changed_on_disk_is_refused_at_resume(tmp_path: Path) -> No
     config = tiny_math_config(tmp_path, {"run": "tamper", "train": {"checkpoint_every": 2, "batch_samples": 8}})
     ctx = ComponentContext(config, tmp_path / "run", "train")
     try:
-        for sample in recorded_samples(24):
-            key = sample.trajectory.group_id.encode()
-            ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=key, partition=0)
-        ctx.producer.flush()
+        send_samples(ctx, recorded_samples(24))
         stop = threading.Event()
         stopping_at(Trainer(ctx, "main"), 2, stop).run(stop)
         checkpoint = RunDir(ctx.run_dir).checkpoints("main") / "v00000002"

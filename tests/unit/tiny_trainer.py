@@ -8,6 +8,8 @@ from pathlib import Path
 from astraflow.basemodel.tiny import TinyModelSpec, create_tiny_checkpoint
 from astraflow.config import RunConfig, load_config
 from astraflow.consumers.trainer.component import Trainer
+from astraflow.runtime.context import ComponentContext
+from astraflow.schemas.records import TrainSample
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,6 +26,14 @@ def tiny_math_config(tmp_path: Path, overrides: dict) -> RunConfig:
     return load_config(
         REPO / "examples" / "math" / "config.yaml", {**UNBOUNDED, "model": {"path": str(base)}, **overrides}
     )
+
+
+def send_samples(ctx: ComponentContext, samples: list[TrainSample]) -> None:
+    """Write ``samples`` to the policy ``main``'s samples topic, all to partition 0 (in order), and flush."""
+    for sample in samples:
+        key = sample.trajectory.group_id.encode()
+        ctx.producer.send(ctx.topics.samples("main"), ctx.codec.encode(sample), key=key, partition=0)
+    ctx.producer.flush()
 
 
 def stopping_at(trainer: Trainer, version: int, stop: threading.Event, crash: bool = False) -> Trainer:
