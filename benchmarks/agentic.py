@@ -10,11 +10,13 @@ the warm-up (base checkpoint, cached under ``$ASTRAFLOW_CACHE`` like a user's) i
 ``--cold`` gives each run a fresh cache.
 
 Each run's ``result`` is what the README quotes, per policy: the base (version 0's evaluation),
-the final score as the mean of the last two held-out evaluations, the gain, versions and minutes,
-with the commit the benchmark ran at. For solver + verifier it adds the system evaluation of the
-last three evaluated version pairs: the solver alone (one sample), the verifier's choice among k
-samples, a majority vote over the same k, pass@k, and the share of the gap between the solver alone
-and pass@k the verifier's choice recovers.
+the final score as the mean of the last two held-out evaluations, the gain, versions and minutes.
+For solver + verifier it adds the system evaluation of the last three evaluated version pairs: the
+solver alone (one sample), the verifier's choice among k samples, a majority vote over the same k,
+pass@k, and the share of the gap between the solver alone and pass@k the verifier's choice recovers.
+Each run records its own provenance (``provenance.py``: commit, command, config and lock hashes,
+load), since ``--merge`` keeps runs of earlier invocations beside it; the report records the
+invocation's.
 
 Sandbox throughput: ``--sandbox-runs`` executions of a one-line program (read n, print 3n+1) in
 each backend that works here, one at a time and from ``--workers`` threads, the way the code
@@ -47,6 +49,8 @@ from pathlib import Path
 
 import yaml
 
+from provenance import begin, finish
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
@@ -64,7 +68,7 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
     if cold:
         env["ASTRAFLOW_CACHE"] = str(work / f"cache-{name}")
     load_before = os.getloadavg()
-    ran_at = commit()  # before the run: a commit made while it runs is not what it ran
+    record = begin(REPO / "examples" / name / "config.yaml")  # before the run: a later commit is not what it ran
     started = time.perf_counter()
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
@@ -91,7 +95,6 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
 
     return {
         "example": name,
-        "commit": ran_at,
         "result": quoted_result(summary),
         "config": raw,
         "total_seconds": time.perf_counter() - started,
@@ -102,16 +105,8 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
         "sampled_reward": curve("rollout.mean_reward"),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
+        "provenance": finish(record),
     }
-
-
-def commit() -> str:
-    """The commit the benchmark runs at, ``+dirty`` when the working tree differs from it."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
-    )
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def policy_result(accuracy_by_version: dict[str, float], versions: int, minutes: float) -> dict:
@@ -273,6 +268,11 @@ def plot(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def ran_at(run: dict) -> str:
+    """The commit a run recorded: runs kept by ``--merge`` from before provenance record only ``commit``."""
+    return run["provenance"]["commit"] if "provenance" in run else run.get("commit", "an unrecorded commit")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -290,6 +290,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    record = begin()  # several examples, each with its config: their hashes are in each run's provenance
     report = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -316,7 +317,7 @@ def main() -> None:
             print(
                 f"{run['example']} {policy}: held-out {r['base']:.3f} -> {r['final_last_two']:.3f} "
                 f"(mean of the last two, {r['gain']:+.3f}) in {r['versions']} versions, {r['minutes']:.1f} min "
-                f"after a {run['warmup_seconds']:.0f} s warm-up, at {run['commit']}"
+                f"after a {run['warmup_seconds']:.0f} s warm-up, at {ran_at(run)}"
             )
     for entry in report["sandbox"]:
         rates = {k: round(v["executions_per_s"], 1) for k, v in entry.items() if k.startswith("threads_")}
@@ -330,6 +331,7 @@ def main() -> None:
                 f"{t.get('programs_per_sandbox_together')} programs a sandbox "
                 f"({t.get('together_speedup', float('nan')):.1f}x)"
             )
+    report["provenance"] = finish(record)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
     plot(report, args.output.with_suffix(".png"))

@@ -16,7 +16,8 @@ medians over rounds and the ratios of each Kafka variant to the embedded log, be
 bars: the trainer's median wait at most 1.5x the embedded log's, versions per minute at least 0.67x.
 
 Without ``--bootstrap`` a local KRaft broker is started from the Apache Kafka jars in a temporary
-directory and stopped at the end. Writes ``results/backends.json`` and ``results/backends.png``.
+directory and stopped at the end. Writes ``results/backends.json`` (with its provenance: ``provenance.py``)
+and ``results/backends.png``.
 
     .venv/bin/python benchmarks/backends.py [--versions 60] [--rounds 2] [--bootstrap HOST:PORT]
 """
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -43,10 +45,6 @@ ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 VARIANTS = ("embedded", "kafka", "kafka-native")
 BARS = {"wait_ratio_max": 1.5, "versions_per_minute_ratio_min": 0.67}
 """Issue #25's bars for the default Kafka runtime against the embedded log."""
-
-
-def git_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def one_run(work: Path, variant: str, versions: int, index: int, bootstrap: str) -> dict:
@@ -132,6 +130,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start a local one)")
     parser.add_argument("--out", type=Path, default=RESULTS / "backends.json")
     args = parser.parse_args()
+    record = begin(EXAMPLE)
     runs = []
     with tempfile.TemporaryDirectory(prefix="backends-") as tmp:
         broker = None
@@ -174,11 +173,11 @@ def main() -> None:
             "versions": args.versions,
             "rounds": args.rounds,
             "example": str(EXAMPLE.relative_to(REPO)),
-            "commit": git_commit(),
         },
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_end": os.getloadavg()},
         "summary": summary,
         "runs": runs,
+        "provenance": finish(record),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

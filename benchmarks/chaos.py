@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -333,6 +334,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown setups {unknown}; choose of {sorted(SETUPS)}")
 
+    record = begin(EXAMPLE)
     results = {}
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         work = args.keep or Path(tmp)
@@ -346,6 +348,7 @@ def main() -> None:
         ),
         "inputs": vars(args) | {"out": str(args.out), "keep": str(args.keep) if args.keep else None},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "provenance": finish(record),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "checkpoint_cost.json")
     args = parser.parse_args()
+    record = begin(EXAMPLE)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
         for index in range(args.rounds):
@@ -119,6 +121,7 @@ def main() -> None:
         "median_seconds_per_version": {str(every): value for every, value in medians.items()},
         "ratio_every_1_to_every_10": medians[1] / medians[10],
         "runs": runs,
+        "provenance": finish(record),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

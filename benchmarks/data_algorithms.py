@@ -17,7 +17,9 @@ evaluation, warm-up included (it is the same for every arm). The paper's claim t
 and GRESO reach the same accuracy with fewer rollouts.
 
 Writes ``results/data_algorithms.json`` and ``results/data_algorithms.png`` (accuracy against
-rollouts and against wall time).
+rollouts and against wall time). Each arm records its own provenance (``provenance.py``: commit,
+command, config and lock hashes, load), since ``--merge`` keeps arms of earlier invocations beside
+it; the report records the invocation's.
 
     .venv/bin/python benchmarks/data_algorithms.py [--target 0.85] [--minutes 15] [--arms vanilla,dynamic,...]
 """
@@ -35,6 +37,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -70,6 +74,7 @@ def arm_config(path: Path, name: str, stream: dict, args: argparse.Namespace) ->
 def run_arm(name: str, stream: dict, work: Path, args: argparse.Namespace) -> dict:
     run_dir = work / name.replace("+", "-")
     config = arm_config(work / f"{run_dir.name}.yaml", name, stream, args)
+    record = begin(EXAMPLE)
     started = time.monotonic()
     result = subprocess.run(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
@@ -115,6 +120,7 @@ def run_arm(name: str, stream: dict, work: Path, args: argparse.Namespace) -> di
         "curve": curve,
         "load_average_at_end": os.getloadavg(),
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "provenance": finish(record),
     }
 
 
@@ -157,6 +163,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
+    record = begin(EXAMPLE)
     arms = []
     with tempfile.TemporaryDirectory(prefix="astraflow-data-") as tmp:
         for name in names:
@@ -205,6 +212,7 @@ def main() -> None:
         "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "table": table,
         "arms": arms,
+        "provenance": finish(record),
     }
     (args.out / "data_algorithms.json").write_text(json.dumps(report, indent=1))
     plot(arms, args.target, args.out / "data_algorithms.png")

@@ -22,7 +22,7 @@ host). Needs root for the namespaces; skipped with the reason otherwise.
 On this machine (2 cores) producers and trainer share the cores, so a bigger pool
 cannot add compute: read producer-seconds and w, not wall time. ``--quick`` only checks the harness
 in under a minute (the autoscaled variant for 15 s and the link probe; no cross-region run) and
-writes ``elastic_quick.json``; it measures nothing.
+writes ``elastic_quick.json``; it measures nothing. Both record their provenance (``provenance.py``).
 
     .venv/bin/python benchmarks/elastic.py [--quick] [--minutes 8] [--large 3]
 """
@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -301,6 +302,7 @@ def main() -> None:
     if args.probe:
         print(json.dumps(probe(*args.probe)))
         return
+    record = begin(EXAMPLE)
     started = time.monotonic()
     scaler = {
         "enabled": True,
@@ -345,6 +347,7 @@ def main() -> None:
     result["seconds"] = time.monotonic() - started
     if args.quick and result["seconds"] > QUICK_DEADLINE_S:
         print(f"warning: --quick took {result['seconds']:.0f} s", file=sys.stderr)
+    result["provenance"] = finish(record)
     name = "elastic_quick" if args.quick else "elastic"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))

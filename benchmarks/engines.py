@@ -15,7 +15,8 @@ state dict of another model of the same shape (the engine serves it from the nex
   (no log-probs), which is recorded with the reason. Skipped with ``--quick``.
 
 The engines run one after the other, never together, on whatever else the machine is doing (the
-load average at the start is recorded). Writes ``benchmarks/results/engines.json`` and ``.png``.
+load average at the start is recorded). Writes ``benchmarks/results/engines.json`` (with its provenance:
+``provenance.py``) and ``.png``.
 
     .venv/bin/python benchmarks/engines.py [--quick] [--threads 2]
 """
@@ -35,6 +36,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -270,6 +273,7 @@ def main() -> None:
         return
     if args.quick:
         args.prompts, args.n, args.max_new_tokens, args.repeats = 8, 4, 16, 2
+    record = begin()  # no config file: the workload is the arguments, in the command
     from astraflow.basemodel.tiny import create_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -296,6 +300,7 @@ def main() -> None:
         results["engines"]["openai/vllm"] = run_openai("vllm", model_dir, args, Path(scratch))
         if not args.quick:
             results["engines"]["openai/transformers-serve"] = run_openai("transformers", model_dir, args, Path(scratch))
+    results["provenance"] = finish(record)
     name = "engines_quick" if args.quick else "engines"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))

@@ -21,7 +21,8 @@ the broker JVM: bytes per CPU-second barely move with other load on a shared mac
 wall-clock rates do.
 
 Targets (from the issue): avro_kafka >= 50% of raw_kafka bytes/s; small_embedded >= 20,000
-records/s. Writes ``benchmarks/results/log_throughput.json`` and ``.png``.
+records/s. Writes ``benchmarks/results/log_throughput.json`` (with its provenance: ``provenance.py``)
+and ``.png``.
 
     .venv/bin/python benchmarks/log_throughput.py [--bootstrap HOST:PORT] [--rounds 5]
 
@@ -52,6 +53,7 @@ import numpy as np
 
 from astraflow.log import TopicPartition, TopicSpec, open_log
 from astraflow.schemas.records import Metric, Trajectory, Turn
+from provenance import begin, finish
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ["raw_kafka", "avro_kafka", "avro_embedded", "small_embedded"]
@@ -684,6 +686,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=200, help="records/s in the latency phase")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    record = begin()  # no config file: the workload is the arguments, in the command
 
     from astraflow.schemas.codec import Codec
 
@@ -731,6 +734,7 @@ def main() -> None:
         "targets_met": met,
         "rounds": runs,
         "wall_s": round(time.monotonic() - started, 1),
+        "provenance": finish(record),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "log_throughput.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -28,7 +28,8 @@ about the same CPU work per version, so the ratios stay near 1 there.
     .venv/bin/python benchmarks/multi_policy.py                 # both parts (real last: CPU-heavy)
     .venv/bin/python benchmarks/multi_policy.py --parts sim
 
-Writes ``benchmarks/results/multi_policy_{sim,real}.json`` and ``.png``.
+Writes ``benchmarks/results/multi_policy_{sim,real}.json`` (each with its provenance: ``provenance.py``)
+and ``.png``.
 
 Measured 2026-11-29, 2 cores shared with other jobs (load 4-8, worse at times):
 - sim: simulated seconds per version pair (a) 37.5, (b) 145.5, (c) 122.5: (c) / (a) = 3.27x
@@ -57,6 +58,7 @@ from pathlib import Path
 
 import yaml
 
+from provenance import begin, finish
 from vs_trl import TreeCpuSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -741,9 +743,14 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for part, run, plot in (("sim", part_sim, plot_sim), ("real", part_real, plot_real)):
+    for part, run, plot, config in (
+        ("sim", part_sim, plot_sim, SIM_CONFIG),
+        ("real", part_real, plot_real, REAL_CONFIG),
+    ):
         if part in args.parts:
+            record = begin(config)
             report = run(args)
+            report["provenance"] = finish(record)
             output = RESULTS / f"multi_policy_{part}.json"
             output.write_text(json.dumps(report, indent=1, default=str))
             plot(report, output.with_suffix(".png"))

@@ -10,7 +10,8 @@ clock (the async system's evaluator runs elsewhere) and reported apart.
     .venv/bin/python benchmarks/prototype_grpo.py                               # warm-up + tuned
     .venv/bin/python benchmarks/prototype_grpo.py --reuse-base --variants all   # the sweep, same base
 
-Writes ``benchmarks/results/prototype_grpo.json`` (inputs, machine, curves) and a PNG of EM vs time.
+Writes ``benchmarks/results/prototype_grpo.json`` (inputs, machine, curves, provenance: ``provenance.py``)
+and a PNG of EM vs time.
 
 Measured (2 threads, machine shared with other work): warm-up 210 steps of 64 at lr 1e-3, 16.8 s,
 to EM 0.300; then ``TUNED`` (64 prompts x 8, lr 3e-4, 30 warm-up steps, cosine to 3e-5 over 300
@@ -44,6 +45,7 @@ from astraflow.episodes.heldout import evaluate_exact_match
 from astraflow.streams.operators.advantage import grpo_advantages, is_zero_variance
 from astraflow.tasks.arithmetic import addition_problems, exact_match_reward
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
+from provenance import begin, finish
 
 RESULTS = Path(__file__).parent / "results"
 ALPHABET = "0123456789+="
@@ -228,6 +230,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--output", type=Path, default=RESULTS / "prototype_grpo.json")
     args = parser.parse_args()
+    record = begin()  # no config file: the variants are in this script, the rest in the command
 
     torch.set_num_threads(args.threads)
     train, heldout = addition_problems(seed=args.seed, heldout_size=500)
@@ -254,6 +257,7 @@ def main() -> None:
         "args": {k: str(v) for k, v in vars(args).items()},
         "warmup": warmup,
         "runs": runs,
+        "provenance": finish(record),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))

@@ -9,7 +9,7 @@ minute from version 1 to the last (start-up left out), and whether any component
 (``may not`` or an authorization error in its log). With ``--plaintext`` the same runs on a
 plaintext broker too, for the cost of TLS and SCRAM side by side.
 
-Writes ``results/secure.json`` and ``results/secure.png``.
+Writes ``results/secure.json`` (with its provenance: ``provenance.py``) and ``results/secure.png``.
 
     .venv/bin/python benchmarks/secure.py [--versions 50] [--plaintext]
 """
@@ -29,6 +29,7 @@ from pathlib import Path
 from astraflow.config import write_config_over
 from astraflow.infra.broker.host import free_port
 from astraflow.infra.broker.local import default_home
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -134,7 +135,7 @@ def main() -> None:
     parser.add_argument("--plaintext", action="store_true", help="Also run on a plaintext broker of each size.")
     parser.add_argument("--out", type=Path, default=RESULTS / "secure.json")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    record = begin(EXAMPLE)
     runs = []
     with tempfile.TemporaryDirectory(prefix="secure-") as tmp:
         work = Path(tmp)
@@ -151,10 +152,10 @@ def main() -> None:
                 finally:
                     subprocess.run([str(ASTRAFLOW), "broker", "stop", "--home", str(home)], capture_output=True)
     result = {
-        "commit": commit.stdout.strip(),
         "inputs": {"versions": args.versions, "plaintext": args.plaintext, "example": str(EXAMPLE.relative_to(REPO))},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "runs": runs,
+        "provenance": finish(record),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -3,8 +3,9 @@
 A result file says what was measured, not whether it still holds: the code it measured goes on
 changing. Each result file under ``benchmarks/results/`` declares here the paths its figures depend
 on (its script, its configs, the modules on its measured path). For each, this prints the commit it
-ran at - the ``commit`` its run recorded, or else, marked ``committed``, the commit that added the
-file (the run itself was older) - and how many commits touched those paths since. ``0`` means the
+ran at - the ``provenance.commit`` its run recorded (``provenance.py``), or a bare ``commit`` where an
+older run recorded only that, or else, marked ``committed``, the commit that added the file (the run
+itself was older) - and how many commits touched those paths since. ``0`` means the
 figure is of the code as it is; anything else is a figure to read with that many changes in mind,
 or to re-run.
 
@@ -77,12 +78,16 @@ def git(*args: str) -> str:
 
 
 def recorded_commits(value: object) -> list[str]:
-    """Every commit a result records (a ``commit`` field anywhere: some files hold several runs),
-    without the ``+dirty`` / ``-dirty`` mark."""
+    """Every commit a result records, without the ``+dirty`` / ``-dirty`` mark: some files hold several
+    runs, each with its own. Where an object holds a ``provenance`` (``provenance.py``), its ``commit``
+    is the run's and a bare ``commit`` beside it is not counted; objects from before provenance hold
+    only the bare ``commit``, which counts."""
     if isinstance(value, dict):
-        found = [v for k, v in value.items() if k == "commit" and isinstance(v, str) and v]
+        provenance = value.get("provenance")
+        candidates = [provenance.get("commit") if isinstance(provenance, dict) else None, value.get("commit")]
+        found = [c for c in candidates if isinstance(c, str) and c][:1]
         return [c.split("+")[0].removesuffix("-dirty") for c in found] + [
-            c for v in value.values() for c in recorded_commits(v)
+            c for k, v in value.items() if k != "provenance" for c in recorded_commits(v)
         ]
     if isinstance(value, list):
         return [c for v in value for c in recorded_commits(v)]

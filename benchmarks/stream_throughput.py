@@ -53,7 +53,8 @@ records in bursts of over 1000), so a backlog would show in raw's figure too.
 
 Targets: faust >= 30 % and native >= 50 % of raw (issues #4, #21; the raw loop as defined at
 a8c69cf, unchanged), and native's commit-to-visible p99 <= 100 ms (issue #21; median over rounds
-of each round's p99). Writes ``benchmarks/results/stream_throughput.json`` and ``.png``.
+of each round's p99). Writes ``benchmarks/results/stream_throughput.json`` (with its provenance:
+``provenance.py``) and ``.png``.
 
     .venv/bin/python benchmarks/stream_throughput.py [--bootstrap HOST:PORT] [--rounds 3] [--records 3000]
         [--variants native]   # raw always runs: the ratios need it
@@ -81,6 +82,7 @@ import yaml
 from astraflow.log import TopicSpec, open_log
 from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.records import Trajectory
+from provenance import begin, finish
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ["raw", "native", "faust"]
@@ -492,6 +494,7 @@ def main() -> None:
         "--variants", default=",".join(VARIANTS), help="comma-separated subset to run (raw always runs: the ratios)"
     )
     args = parser.parse_args()
+    record = begin()  # no config file: the workload is the arguments, in the command
     variants = [v for v in VARIANTS if v in {"raw", *args.variants.split(",")}]
 
     from astraflow.schemas.codec import Codec
@@ -570,6 +573,7 @@ def main() -> None:
         "rounds": rounds,
         "warmup_rounds": warmups,
         "wall_s": round(time.monotonic() - started, 1),
+        "provenance": finish(record),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stream_throughput.json").write_text(json.dumps(report, indent=2) + "\n")

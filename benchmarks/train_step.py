@@ -15,7 +15,7 @@ batch, same loss), else the script fails.
 
     .venv/bin/python benchmarks/train_step.py [--rounds 3] [--reps 10] [--threads 2]
 
-Writes ``benchmarks/results/train_step.json`` and ``train_step.png``.
+Writes ``benchmarks/results/train_step.json`` (with its provenance: ``provenance.py``) and ``train_step.png``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -158,6 +160,7 @@ def main() -> None:
         base, batch, threads, reps = args.child
         print(json.dumps(astraflow_child(base, batch, int(threads), int(reps))))
         return
+    record = begin(EXAMPLE)
     with tempfile.TemporaryDirectory() as work:
         run_dir = warmed_run_dir(Path(work))
         base = run_dir / "base"
@@ -178,6 +181,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "rounds": rounds,
         "summary": summary,
+        "provenance": finish(record),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "train_step.json").write_text(json.dumps(result, indent=2) + "\n")

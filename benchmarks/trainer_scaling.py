@@ -16,7 +16,8 @@
    adds no compute, only DDP's all-reduce and a second process; what it can gain is what one
    process's intra-op threads leave idle on a small model.
 
-Writes ``benchmarks/results/trainer_scaling.json`` and ``trainer_scaling.png``.
+Writes ``benchmarks/results/trainer_scaling.json`` (with its provenance: ``provenance.py``) and
+``trainer_scaling.png``.
 
     .venv/bin/python benchmarks/trainer_scaling.py [--small]
 
@@ -35,6 +36,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -236,6 +239,7 @@ def main() -> None:
         return rank_bytes(args.rank_bytes, args.small, args.out / f"rank{rank}.json")
     if args.rank_rate:
         return rank_rate(args.rank_rate, args.out)
+    record = begin()  # no config file: the model and batches are in this script
     with tempfile.TemporaryDirectory() as work:
         measured = measure_bytes(args.small, Path(work))
         rates = measure_rates(Path(work))
@@ -250,6 +254,7 @@ def main() -> None:
         "measured": measured,
         "rates": rates,
         "summary": summary,
+        "provenance": finish(record),
     }
     name = "trainer_scaling_small" if args.small else "trainer_scaling"
     RESULTS.mkdir(parents=True, exist_ok=True)

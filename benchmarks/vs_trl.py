@@ -30,7 +30,8 @@ TRL is on-policy; TRL samples with ``model.generate``, AstraFlow with its own KV
     .venv/bin/python benchmarks/vs_trl.py                              # default: 240 s per side
     .venv/bin/python benchmarks/vs_trl.py --max-seconds 40 --base benchmarks/results/prototype_grpo_base
 
-Writes ``benchmarks/results/vs_trl.json`` (inputs, machine, per-round curves, medians, ratios) and
+Writes ``benchmarks/results/vs_trl.json`` (inputs, machine, per-round curves, medians, ratios,
+provenance: ``provenance.py``) and
 ``vs_trl.png`` (held-out EM vs wall time, and vs samples trained).
 """
 
@@ -51,6 +52,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -593,6 +596,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS / "vs_trl.json")
     args = parser.parse_args()
 
+    record = begin(args.config)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     load_start = os.getloadavg()
@@ -764,6 +768,7 @@ def main() -> None:
         ],
         "medians": medians,
         "rounds": rounds,
+        "provenance": finish(record),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1, default=str))

@@ -26,7 +26,7 @@ takes ``--steps`` AdamW steps (lr 1e-6) on real gradients of small random-token 
    ``publish`` to the follower process handing the version out (what producers report as
    ``rollout.weights_applied_ms``); the other reader stages run after it, not competing with it.
 
-Writes ``benchmarks/results/weights.json`` and ``.png``.
+Writes ``benchmarks/results/weights.json`` (with its provenance: ``provenance.py``) and ``.png``.
 
     .venv/bin/python benchmarks/weights.py [--small] [--steps 3] [--threads N] [--repeats 3]
 """
@@ -57,6 +57,7 @@ from astraflow.weights.follow import WeightFollower, assemble, fetch
 from astraflow.weights.payload import apply_payload, build_payload, check_payload, spec_layout, state_layout
 from astraflow.weights.publish import WeightPublisher, send_version
 from astraflow.weights.store import ChunkStore, open_store
+from provenance import begin, finish
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMALL = dict(
@@ -467,6 +468,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "weights")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    record = begin()  # no config file: the model shape and the arguments, in the command, are the workload
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         measured = measure(args, Path(tmp))
@@ -494,6 +496,7 @@ def main() -> None:
             "load_average_before_after": [load_before, os.getloadavg()],
         },
         **summary,
+        "provenance": finish(record),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
