@@ -191,13 +191,13 @@ def run_on_kafka(name: str, work: Path, bootstrap: str, minutes: float, producer
     metrics: list[Metric] = []
     with open_log("kafka", bootstrap=bootstrap) as log:
         trajectories = sum(log.end_offsets(f"{run}.trajectories.main").values())
-        partition = TopicPartition(f"{run}.metrics", 0)
-        end = log.end_offsets(partition.topic)[0]
+        partitions = [TopicPartition(f"{run}.metrics.{role}", 0) for role in ("producer", "trainer", "evaluator")]
+        ends = {p: log.end_offsets(p.topic)[0] for p in partitions}
         with log.consumer(group_id=None) as consumer:
-            consumer.assign([partition])
+            consumer.assign(partitions)
             consumer.seek_to_beginning()
             deadline = time.monotonic() + 120
-            while consumer.position(partition) < end and time.monotonic() < deadline:
+            while any(consumer.position(p) < ends[p] for p in partitions) and time.monotonic() < deadline:
                 metrics += [codec.decode(m.value, expect=Metric) for m in consumer.poll(max_records=5000, timeout=1.0)]
     produced = [m for m in metrics if m.name == "rollout.trajectories"]
     span = (

@@ -13,7 +13,9 @@ files, and none of the trainer's code):
 - **filtered**: a PromptStats on ``{run}.feedback.{workflow}`` with ``accepted`` false lists the
   group's trajectory ids and the reason (``<operator>: <detail>``; counted by operator).
 - **dead-lettered**: a DeadLetter names the trajectory record's topic, partition and offset, or
-  that of its sample on the samples topic (the trainer's dead letters).
+  that of its sample on the samples topic (the trainer's dead letters). Only a letter its writer
+  may write counts: one on the stream's ``{run}.deadletter.stream`` for a trajectory, on the
+  trainer's for a sample (``runtime/control.py``); any other is listed as forged and decides nothing.
 - **pending**: not decided yet - its sample lies at or beyond the newest entry's offsets, or only
   a lost version trained it (trainer); or its record lies at or beyond the stream processors'
   committed offset without a fate, or in a half-filled group of either stream runtime's changelog
@@ -38,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 from astraflow.log import TopicPartition
 from astraflow.runtime.attach import AttachedRun, decode_snapshot, read_snapshot
+from astraflow.runtime.control import read_control
 from astraflow.schemas.records import DeadLetter, LedgerEntry, PromptStats, TrainSample, Trajectory
 
 
@@ -93,6 +96,8 @@ class AuditReport:
     policies: list[PolicyAudit]
     tasks_dead_lettered: dict[str, int] = field(default_factory=dict)
     """Dead letters of no log record (a workflow failed before any trajectory), by reason."""
+    forged_letters: list[str] = field(default_factory=list)
+    """Why each dead letter written by a role not allowed to write it was left out (it decides no fate)."""
 
     @property
     def ok(self) -> bool:
@@ -284,12 +289,11 @@ def audit_run(run: AttachedRun) -> AuditReport:
     topics = set(run.run_topics())
     letters: dict[tuple[str, int, int], DeadLetter] = {}
     tasks: Counter[str] = Counter()
-    if f"{run.name}.deadletter" in topics:
-        for _, letter in decode_snapshot(run.log, f"{run.name}.deadletter"):
-            if isinstance(letter, DeadLetter):
-                letters[(letter.topic, letter.partition, letter.offset)] = letter
-                if not letter.topic:
-                    tasks[reason_kind(letter)] += 1
+    control = read_control(run, metrics=False)
+    for letter in control.letters:
+        letters[(letter.topic, letter.partition, letter.offset)] = letter
+        if not letter.topic:
+            tasks[reason_kind(letter)] += 1
     feedback = [
         stats
         for topic in run.topics_of("feedback")
@@ -305,6 +309,7 @@ def audit_run(run: AttachedRun) -> AuditReport:
         run.name,
         [_audit_policy(run, p, letters, feedback, committed, f"{run.name}.ledger.{p}" in topics) for p in policies],
         dict(tasks.most_common()),
+        control.forged,
     )
 
 
@@ -336,6 +341,9 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
             lines += [f"    version {v}: {n}" for v, n in p.trained.items()]
     if report.tasks_dead_lettered:
         lines.append(f"tasks dead-lettered before any trajectory: {_listing(report.tasks_dead_lettered)}")
+    if report.forged_letters:
+        lines.append(f"forged dead letters, deciding no fate: {len(report.forged_letters)}")
+        lines += [f"  {reason}" for reason in report.forged_letters[:5]]
     lost = sum(len(p.lost) for p in report.policies)
     twice = sum(len(p.trained_twice) for p in report.policies)
     behind = sum(len(p.fallbacks) for p in report.policies)

@@ -1,6 +1,6 @@
 """``astraflow metrics serve``: a Prometheus endpoint over a run's metrics topic, live, on either backend.
 
-It reads ``{run}.metrics`` from its oldest record and keeps following it (by assignment, with no
+It reads every role's ``{run}.metrics.{role}`` from its oldest record and keeps following them (by assignment, with no
 consumer group, so nothing is committed and the run is not disturbed), on the embedded log or
 Kafka alike. Each record updates one series, presented by the name's kind in the catalogue
 (``metric_names.kind``):
@@ -34,6 +34,7 @@ from astraflow.core.errors import AstraFlowError, MissingDependencyError, TopicN
 from astraflow.core.metric_names import FEEDER_SKIPPED, LAUNCHER_RESTARTS, histogram_buckets, kind
 from astraflow.log import TopicPartition
 from astraflow.runtime.attach import AttachedRun
+from astraflow.runtime.control import forged_metric
 from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric
@@ -129,28 +130,38 @@ class RunMetrics:
 
 
 def follow_metrics(run: AttachedRun, metrics: RunMetrics, stop: threading.Event, poll_s: float = 1.0) -> None:
-    """Feed every record of the run's metrics topic to ``metrics``, oldest first, until ``stop``;
-    waits for the topic when the run has not created it yet."""
-    topic = RunTopics(run.config.run, run.config.workflow, run.config.policy_names()).metrics()
+    """Feed every record of the run's metrics topics to ``metrics``, oldest first, until ``stop``;
+    waits for the topics when the run has not created them yet. A metric its writer's role may
+    not write (``runtime/control.py``) is left out, with a warning."""
+    topics = RunTopics(run.config.run, run.config.workflow, run.config.policy_names()).metrics_topics()
     codec = Codec()
     while not stop.is_set():
         try:
-            partitions = run.log.describe_topic(topic).partitions
+            assigned = [
+                TopicPartition(topic, partition)
+                for topic in topics
+                for partition in range(run.log.describe_topic(topic).partitions)
+            ]
             break
         except TopicNotFoundError:
             stop.wait(poll_s)
     else:
         return
     with run.log.consumer(group_id=None) as consumer:
-        assigned = [TopicPartition(topic, partition) for partition in range(partitions)]
         consumer.assign(assigned)
         consumer.seek_to_beginning(assigned)
         while not stop.is_set():
             for message in consumer.poll(max_records=5000, timeout=poll_s):
                 try:
-                    metrics.observe(codec.decode(message.value, expect=Metric))
+                    metric = codec.decode(message.value, expect=Metric)
                 except AstraFlowError as exc:
                     logger.warning("skipping metric record at offset %d: %s", message.offset, exc)
+                    continue
+                forged = forged_metric(message.topic, metric)
+                if forged is None:
+                    metrics.observe(metric)
+                else:
+                    logger.warning("leaving out a forged metric: %s", forged)
 
 
 def serve(

@@ -19,7 +19,8 @@ from astraflow.config import load_config
 from astraflow.core.errors import ConfigError
 from astraflow.core.rundir import RunDir
 from astraflow.runtime.attach import AttachedRun, decode_snapshot, open_run, read_snapshot
-from astraflow.schemas.records import Metric, Trajectory
+from astraflow.runtime.control import read_control
+from astraflow.schemas.records import Trajectory
 
 
 @dataclass
@@ -49,12 +50,7 @@ class ReportData:
 
 def from_log(run: AttachedRun) -> ReportData:
     """Everything the report shows, read from the run's topics."""
-    metric_topic = f"{run.name}.metrics"
-    metrics = (
-        [r for _, r in decode_snapshot(run.log, metric_topic) if isinstance(r, Metric)]
-        if metric_topic in run.log.list_topics()
-        else []
-    )
+    metrics = read_control(run, letters=False).metrics
     trajectories: list[tuple[int, Trajectory]] = []
     stamps: dict[str, list[int]] = {}
     for topic in run.topics_of("trajectories"):

@@ -96,8 +96,7 @@ def describe_run(log: Log, name: str, run_dir: Path | None, backend: str, detail
 
 
 def run_status(log: Log, name: str, run_dir: Path | None) -> str:
-    metrics = f"{name}.metrics"
-    if metrics in log.list_topics():
+    for metrics in (topic for topic in log.list_topics() if topic.startswith(f"{name}.metrics.")):
         recent = offsets_at(log, metrics, int((time.time() - LIVE_S) * 1000))
         if any(recent[p] < end for p, end in log.end_offsets(metrics).items()):
             return "live"

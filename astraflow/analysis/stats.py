@@ -12,6 +12,8 @@ What each number is made of:
 - **reward by policy and version**: every retained trajectory, keyed by its ``min_version``;
 - **drop reasons**: the stream processors' cumulative ``stream.dropped.<reason>`` counters (the
   newest value per processor instance, summed), plus dead letters by ``reason_kind``;
+- **forged**: metrics and dead letters written by a role not allowed to write them, left out of
+  every figure above (``runtime/control.py``);
 - **producers**: throughput and version lag per rollout producer, with its region and hardware,
   from the producers' metrics (``producer_stats.py``);
 - **version chain**: per policy, p50/p99/mean of each hop a weight version goes through, from its
@@ -32,7 +34,8 @@ from astraflow.analysis.producer_stats import ProducerRow, producer_rows
 from astraflow.core.metric_names import STREAM_DROPPED_PREFIX, STREAM_STALENESS
 from astraflow.log import Log
 from astraflow.runtime.attach import AttachedRun, decode_snapshot, offsets_at
-from astraflow.schemas.records import DeadLetter, Metric, Trajectory
+from astraflow.runtime.control import read_control
+from astraflow.schemas.records import Metric, Trajectory
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class RunStats:
     rewards: list[RewardCell] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
     dead_letters: dict[str, int] = field(default_factory=dict)
+    forged: int = 0
+    """Metrics and dead letters left out: their writer's role may not write them (``runtime/control.py``)."""
     producers: list[ProducerRow] = field(default_factory=list)
     version_chain: list[VersionChain] = field(default_factory=list)
     """Per policy, the latency of each hop of the version chain (``hops.py``)."""
@@ -93,11 +98,8 @@ class RunStats:
 def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
     """Take the snapshot described in the module docstring."""
     now = int(time.time() * 1000)
-    metrics = (
-        [record for _, record in decode_snapshot(run.log, f"{run.name}.metrics") if isinstance(record, Metric)]
-        if f"{run.name}.metrics" in run.log.list_topics()
-        else []
-    )
+    control = read_control(run)
+    metrics = control.metrics
     span_s = (max(m.created_ms for m in metrics) - min(m.created_ms for m in metrics)) / 1000 if metrics else 0.0
     stats = RunStats(run.name, now, window_s, span_s)
     starts: dict[str, dict[int, int]] = {}
@@ -122,13 +124,9 @@ def collect_stats(run: AttachedRun, window_s: float = 60.0) -> RunStats:
     first_trajectories: dict[str, GroupClock] = defaultdict(GroupClock)
     stats.rewards = _rewards(run, first_trajectories)
     stats.version_chain = version_chains(run, metrics, first_trajectories)
-    if f"{run.name}.deadletter" in starts:
-        letters = Counter(
-            reason_kind(record.reason)
-            for _, record in decode_snapshot(run.log, f"{run.name}.deadletter")
-            if isinstance(record, DeadLetter)
-        )
-        stats.dead_letters = dict(letters.most_common())
+    letters = Counter(reason_kind(letter.reason) for letter in control.letters)
+    stats.dead_letters = dict(letters.most_common())
+    stats.forged = len(control.forged)
     return stats
 
 

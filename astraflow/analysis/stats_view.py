@@ -49,6 +49,8 @@ def render_stats(stats: RunStats) -> Group:
         drops.add_row("stream filter", reason, str(count))
     for reason, count in stats.dead_letters.items():
         drops.add_row("dead letter", reason, str(count))
+    if stats.forged:
+        drops.add_row("forged (ignored)", "metric or dead letter its writer may not write", str(stats.forged))
     producers = Table(title="rollout producers", title_justify="left")
     for name in (
         "producer",

@@ -1,7 +1,8 @@
 """TensorBoard event files of a run's metrics: one scalar per metric name, stepped by version.
 
-The run monitor (``infra/launch/monitor.py``) hands every record of ``{run}.metrics`` to a
-``TensorBoardWriter`` as it reads it, so ``RUN_DIR/tensorboard/`` fills while the run goes
+The run monitor (``infra/launch/monitor.py``) hands every metric it believes (of the
+``{run}.metrics.{role}`` topics) to a ``TensorBoardWriter`` as it reads it, so
+``RUN_DIR/tensorboard/`` fills while the run goes
 (``tensorboard --logdir RUN_DIR/tensorboard``). A scalar's tag is the metric's name (``train.loss``),
 followed by ``/<policy>`` in a run of several policies; its step is the record's ``step`` (the
 weight version for most names, ``metric_names`` says which); its wall time the record's. A name

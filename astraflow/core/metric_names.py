@@ -1,8 +1,10 @@
 """Every metric name of a run, one constant each, grouped by the component that emits it.
 
-Components write metrics with ``ComponentContext.metric(name, value, step, **labels)`` to
-``{run}.metrics``; the run monitor, dashboard, ``astraflow stats`` / ``report``, the scaler and
-the launcher pick them out by name. Both sides take the name from here, so a name is spelled once.
+Components write metrics with ``ComponentContext.metric(name, value, step, **labels)`` to their
+role's ``{run}.metrics.{role}``; the run monitor, dashboard, ``astraflow stats`` / ``report``, the scaler and
+the launcher pick them out by name, believing a name only from the role its prefix names
+(``runtime/control.py``: ``feeder.``, ``rollout.``, ``stream.``, ``train.``, ``eval.``, ``scaler.``,
+``launcher.``). Both sides take the name from here, so a name is spelled once.
 Every record also carries the label ``instance`` (the emitting process); other labels are noted
 per name. Names built from a part known only at run time (a trainer figure, a drop kind, a
 system-evaluation figure) have a prefix constant, for readers, and a function that builds them.

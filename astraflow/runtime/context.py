@@ -3,8 +3,8 @@
 A component gets everything it needs to talk to the rest of the system from a ``ComponentContext``
 built from the run config; it never holds a reference to another component. Its codec's schema
 store is the log's ``_astraflow.schemas`` topic, so every schema a component writes with is on the
-log for readers that do not ship it. Metrics and dead
-letters are records like any other, written to ``{run}.metrics`` and ``{run}.deadletter``.
+log for readers that do not ship it. Metrics and dead letters are records like any other, written
+to its role's ``{run}.metrics.{role}`` and ``{run}.deadletter.{role}`` (``runtime/control.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import RunConfig
+from astraflow.config.log import ADMIN, COMPONENT_ROLES
 from astraflow.core.rundir import RunDir
 from astraflow.log import Log, Message, Producer, open_log
 from astraflow.runtime.schema_store import LogSchemaStore
@@ -78,6 +79,8 @@ class ComponentContext:
         self.config = config
         self.run_dir = run_dir
         self.component = component
+        self.role = COMPONENT_ROLES.get(component, ADMIN)
+        """The role whose principal this component logs in as, and whose metrics and dead-letter topics it writes."""
         self.instance = f"{component}-{socket.gethostname()}-{os.getpid()}"
         self.log = open_run_log(config, run_dir, component)
         self.schemas = LogSchemaStore(self.log)
@@ -91,7 +94,7 @@ class ComponentContext:
     def metric(self, name: str, value: float, step: int, **labels: str) -> None:
         """Queue one metric record (sent with the next flush)."""
         record = Metric(self.component, name, float(value), int(step), now_ms(), {"instance": self.instance, **labels})
-        self.producer.send(self.topics.metrics(), self.codec.encode(record), key=self.component.encode())
+        self.producer.send(self.topics.metrics(self.role), self.codec.encode(record), key=self.component.encode())
 
     def oversize(self, topic: str, value: bytes, headroom: int = 0) -> str | None:
         """Why ``value`` would be refused by ``topic`` (its ``max_message_bytes``, less the record batch's
@@ -106,7 +109,8 @@ class ComponentContext:
 
     def dead_letter(self, message: Message | None, reason: str, error: BaseException | None = None) -> None:
         """Queue a dead-letter record holding the raw bytes and why they could not be processed."""
-        self.producer.send(self.topics.deadletter(), self.codec.encode(self.dead_letter_record(message, reason, error)))
+        letter = self.codec.encode(self.dead_letter_record(message, reason, error))
+        self.producer.send(self.topics.deadletter(self.role), letter)
 
     def dead_letter_record(
         self, message: Message | None, reason: str, error: BaseException | None = None

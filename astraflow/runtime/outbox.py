@@ -28,7 +28,7 @@ class Outbox:
     def dead_letter(self, message: Message | None, reason: str, error: BaseException | None = None) -> None:
         """Hold the dead letter of ``message`` (``ComponentContext.dead_letter``, but in the transaction)."""
         record = self._ctx.dead_letter_record(message, reason, error)
-        self.send(self._ctx.topics.deadletter(), self._ctx.codec.encode(record))
+        self.send(self._ctx.topics.deadletter(self._ctx.role), self._ctx.codec.encode(record))
 
     def write(self, producer: TransactionalProducer) -> None:
         """Send every record held into ``producer``'s open transaction."""

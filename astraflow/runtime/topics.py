@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from astraflow.config.log import ADMIN, ROLES
 from astraflow.core.errors import ConfigError
 from astraflow.log import Log, TopicSpec
 
@@ -20,6 +21,11 @@ MiB = 1024 * 1024
 CHANGELOG_SEGMENT_MS = 60_000
 """A stream changelog rolls its Kafka segment every minute, so compaction keeps what a restarted
 processor reads near the newest value of each key (``TopicSpec.segment_ms``)."""
+
+
+CONTROL_ROLES = (*(role for role in ROLES if role != "analysis"), ADMIN)
+"""The roles that write metrics and dead letters, each to a topic of its own (``runtime/control.py``):
+every component role but ``analysis``, which writes nothing, and ``admin`` (the launcher)."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +51,21 @@ class RunTopics:
     def feedback(self) -> str:
         return f"{self.run}.feedback.{self.workflow}"
 
-    def metrics(self) -> str:
-        return f"{self.run}.metrics"
+    def metrics(self, role: str) -> str:
+        """The metrics ``role`` writes; only its principal may write there on the secure broker."""
+        return f"{self.run}.metrics.{role}"
 
-    def deadletter(self) -> str:
-        return f"{self.run}.deadletter"
+    def deadletter(self, role: str) -> str:
+        """The dead letters ``role`` writes; only its principal may write there on the secure broker."""
+        return f"{self.run}.deadletter.{role}"
+
+    def metrics_topics(self) -> list[str]:
+        """Every role's metrics topic (``CONTROL_ROLES``), which readers of the run's metrics follow together."""
+        return [self.metrics(role) for role in CONTROL_ROLES]
+
+    def deadletter_topics(self) -> list[str]:
+        """Every role's dead-letter topic (``CONTROL_ROLES``)."""
+        return [self.deadletter(role) for role in CONTROL_ROLES]
 
     def ledger(self, policy: str) -> str:
         """What made each weight version of ``policy`` (``LedgerEntry``), written by its trainer."""
@@ -64,8 +80,8 @@ class RunTopics:
         specs = [
             TopicSpec(self.tasks(), partitions=partitions),
             TopicSpec(self.feedback(), partitions=1),
-            TopicSpec(self.metrics(), partitions=1),
-            TopicSpec(self.deadletter(), partitions=1, max_message_bytes=32 * MiB),
+            *(TopicSpec(topic, partitions=1) for topic in self.metrics_topics()),
+            *(TopicSpec(topic, partitions=1, max_message_bytes=32 * MiB) for topic in self.deadletter_topics()),
         ]
         for policy in self.policies:
             specs += [

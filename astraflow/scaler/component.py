@@ -27,6 +27,7 @@ from astraflow.core.errors import AstraFlowError
 from astraflow.core.metric_names import SCALER_DESIRED_PRODUCERS, SCALER_WAIT_FRACTION
 from astraflow.log import TopicPartition
 from astraflow.runtime.context import ComponentContext, now_ms
+from astraflow.runtime.control import forged_metric
 from astraflow.scaler.rule import AutoScaler, Decision, ScalerWindow, capped
 from astraflow.schemas.records import Metric
 
@@ -51,12 +52,17 @@ class ScalerComponent:
         self.started_ms = now_ms()
         self.scaler = AutoScaler(self.cfg, ctx.config.rollout.producers, self.started_ms)
         self.decisions = 0
+        self.forged = 0
+        """Metrics read from a role not allowed to write them (``runtime/control.py``), never acted on."""
 
     def run(self, stop: threading.Event) -> None:
         ctx = self.ctx
-        metrics = ctx.topics.metrics()
         consumer = ctx.log.consumer(group_id=None)
-        partitions = [TopicPartition(metrics, p) for p in range(ctx.log.describe_topic(metrics).partitions)]
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in ctx.topics.metrics_topics()
+            for p in range(ctx.log.describe_topic(topic).partitions)
+        ]
         consumer.assign(partitions)
         consumer.seek_to_timestamp(now_ms() - int(self.cfg.window_s * 1000), partitions)
         next_at = time.monotonic()
@@ -68,7 +74,11 @@ class ScalerComponent:
                     except AstraFlowError as exc:
                         logger.warning("skipping an undecodable metric at offset %d: %s", message.offset, exc)
                         continue
-                    if metric.component != ctx.component:
+                    forged = forged_metric(message.topic, metric)
+                    if forged is not None:
+                        self.forged += 1
+                        logger.warning("not acting on a forged metric at offset %d: %s", message.offset, forged)
+                    elif metric.component != ctx.component:
                         self.window.add_metric(metric)
                 if time.monotonic() >= next_at:
                     self.tick(now_ms())

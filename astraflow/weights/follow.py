@@ -349,7 +349,7 @@ def follow_weights(ctx: ComponentContext, policy: str, payload: bool) -> WeightF
         ctx.topics.weights(policy),
         payload,
         verifier=verifier,
-        dead_letters=ctx.topics.deadletter(),
+        dead_letters=ctx.topics.deadletter(ctx.role),
         origin=ctx.instance,
     )
     return follower.start()

@@ -51,7 +51,7 @@ def evaluator_score(run_dir: Path, version: int, timeout: float = 300) -> float:
     the base, then the newest version on the weights topic (the run's last)."""
     codec = Codec()
     with open_log("embedded", path=run_dir / "log.sqlite") as log:
-        metrics = TopicPartition("learn.metrics", 0)
+        metrics = TopicPartition("learn.metrics.evaluator", 0)
         start = log.end_offsets(metrics.topic)[0]
         evaluator = subprocess.Popen(
             [str(ASTRAFLOW), "evaluate", str(run_dir / "config.yaml"), "--run-dir", str(run_dir)],

@@ -14,7 +14,7 @@ import pytest
 
 from astraflow.infra.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
-from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION
+from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, Trajectory, WeightChunk
 from astraflow.weights.signing import ManifestVerifier
@@ -78,7 +78,11 @@ def test_the_run_signed_every_version_and_its_readers_took_them(math_run: Path) 
             codec.decode(m.value, expect=WeightChunk)
             for m in read_all(log, "learn.weights.main", WEIGHTS_MANIFEST_PARTITION)
         ]
-        letters = [codec.decode(m.value, expect=DeadLetter) for m in read_all(log, "learn.deadletter")]
+        letters = [
+            codec.decode(m.value, expect=DeadLetter)
+            for topic in RunTopics("learn", "math", ("main",)).deadletter_topics()
+            for m in read_all(log, topic)
+        ]
         newest = max(
             int(codec.decode(m.value, expect=Trajectory).token_versions.max())
             for m in read_all(log, "learn.trajectories.main")

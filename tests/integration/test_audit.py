@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from astraflow.analysis.audit import audit_run
 from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
+from astraflow.config.log import COMPONENT_ROLES
 from astraflow.log import TopicPartition, open_log
 from astraflow.runtime.attach import open_run
 from astraflow.runtime.topics import RunTopics
@@ -119,7 +120,7 @@ def record_run(run_dir: Path, log_section: dict, run: str, faulty: bool, retrain
             for sample in samples:
                 producer.send(topics.samples("main"), codec.encode(sample), partition=0)
             for letter in letters:
-                producer.send(topics.deadletter(), codec.encode(letter))
+                producer.send(topics.deadletter(COMPONENT_ROLES[letter.origin.split("-")[0]]), codec.encode(letter))
             for record in feedback:
                 producer.send(topics.feedback(), codec.encode(record))
             for record in ledger:

@@ -160,7 +160,7 @@ class Pipeline:
         """Follow the metrics topic until ``train.version`` reaches ``version`` or ``timeout`` passes;
         the last (version, skipped steps) seen. Fails at once if a component exits."""
         consumer = self.log.consumer(group_id=None)
-        consumer.assign([TopicPartition(self.topics.metrics(), 0)])
+        consumer.assign([TopicPartition(self.topics.metrics("trainer"), 0)])
         consumer.seek_to_beginning()
         latest, skipped = -1, 0
         deadline = time.monotonic() + timeout
@@ -190,7 +190,7 @@ class Pipeline:
             assert process.wait(timeout=90) == 0, f"{name} exited with {process.returncode}: {self.output(name)}"
 
     def dead_letters(self) -> list[DeadLetter]:
-        return [record for _, record in decode_snapshot(self.log, self.topics.deadletter())]
+        return [record for topic in self.topics.deadletter_topics() for _, record in decode_snapshot(self.log, topic)]
 
     def close(self) -> None:
         for process in self.processes.values():

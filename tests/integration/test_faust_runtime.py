@@ -305,7 +305,7 @@ def test_faust_and_native_emit_the_same_samples(make_run: Callable[[str], Run]) 
         for half in (stats[:groups], stats[groups:])
     ]
     assert reports[0] == reports[1]
-    letters = run.read(run.topics.deadletter(), DeadLetter)
+    letters = run.read(run.topics.deadletter("stream"), DeadLetter)
     assert Counter((d.key, d.reason.split(":")[0]) for d in letters) == {
         (b"g1", "invalid trajectory g1/1"): 2,
         (b"g2", "undecodable trajectory"): 2,

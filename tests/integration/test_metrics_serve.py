@@ -25,7 +25,7 @@ def test_the_endpoint_follows_the_metrics_topic_live(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     config = load_config(write_config_over(EXAMPLE, run_dir / "config.yaml", run=f"m{unique}", log=log))
-    trainer, producer = (ComponentContext(config, run_dir, name) for name in ("train", "rollout"))
+    trainer, producer, stream = (ComponentContext(config, run_dir, name) for name in ("train", "rollout", "stream"))
     serve = None
     try:
         trainer.metric(TRAIN_VERSION, 1, 1, policy="main")
@@ -38,17 +38,19 @@ def test_the_endpoint_follows_the_metrics_topic_live(
         assert total(first, "astraflow_rollout_trajectories_total", run=f"m{unique}", policy="main") == 64
         assert total(first, "astraflow_train_version", component="train", producer=trainer.instance) == 1
 
-        trainer.metric(TRAIN_VERSION, 2, 2, policy="main")
+        trainer.metric(STREAM_STALENESS, 99, 2, policy="main")  # not the trainer's to write: left out
+        trainer.metric(TRAIN_VERSION, 2, 2, policy="main")  # after it on the trainer's topic: read after it
         producer.metric(ROLLOUT_TRAJECTORIES, 192, 2, policy="main", region="local", hardware="cpu")
         for staleness in (0, 1, 5):
-            trainer.metric(STREAM_STALENESS, staleness, 2, policy="main")
-        for context in (trainer, producer):
+            stream.metric(STREAM_STALENESS, staleness, 2, policy="main")
+        for context in (trainer, producer, stream):
             context.producer.flush()
-        # two processes' records: each arrives in its own order, so wait for both
+        # three processes' records: each arrives in its own order, so wait for all
         later = poll(
             url,
             lambda s: (
                 total(s, "astraflow_stream_staleness_count") == 3
+                and total(s, "astraflow_train_version") == 2
                 and total(s, "astraflow_rollout_trajectories_total", producer=producer.instance) == 192
             ),
             60,
@@ -61,8 +63,8 @@ def test_the_endpoint_follows_the_metrics_topic_live(
         if serve is not None:
             serve.terminate()
             serve.wait(timeout=30)
-        trainer.close()
-        producer.close()
+        for context in (trainer, producer, stream):
+            context.close()
     assert serve.returncode == 0, serve.stdout.read()
 
 

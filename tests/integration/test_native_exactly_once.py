@@ -237,7 +237,7 @@ def test_a_transaction_the_log_aborts_takes_the_processor_back_to_its_last_commi
     assert samples == Counter(f"{group}/{index}" for group in groups for index in range(2))
     assert reported(ctx) == Counter(groups)
     ctx.producer.flush()
-    rewinds = [m.value for m in visible(ctx, ctx.topics.metrics(), Metric) if m.name == STREAM_REWINDS]
+    rewinds = [m.value for m in visible(ctx, ctx.topics.metrics(ctx.role), Metric) if m.name == STREAM_REWINDS]
     assert rewinds == [1.0]
 
 

@@ -157,7 +157,7 @@ def test_offline_topic_is_mixed_in_at_its_weight(ctx: ComponentContext, unique: 
     assert ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main.offline0") is None  # the source joins no group
     live_committed = ctx.log.group_offsets().get(f"{ctx.config.run}.stream.main", {})
     assert sum(live_committed.values()) == 6 * GROUP, live_committed  # and the live topic's, all of it
-    (letter,) = read(ctx, ctx.topics.deadletter(), DeadLetter)
+    (letter,) = read(ctx, ctx.topics.deadletter(ctx.role), DeadLetter)
     assert letter.reason.startswith("undecodable offline trajectory") and letter.payload == b"\x00garbage"
 
 

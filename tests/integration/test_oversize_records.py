@@ -69,7 +69,7 @@ def test_oversize_trajectory_dead_letters_its_task_and_the_rest_flow(
         sent = [send_outcome(ctx, outcome) for outcome in (small, big)]
         ctx.producer.flush()  # nothing over-size reached the producer: the flush succeeds
         trajectories = read_all(ctx, ctx.topics.trajectories("main"))
-        [letter] = read_all(ctx, ctx.topics.deadletter())
+        [letter] = read_all(ctx, ctx.topics.deadletter(ctx.role))
     finally:
         ctx.close()
     assert [len(s) for s in sent] == [2, 0]

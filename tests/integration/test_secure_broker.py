@@ -13,11 +13,12 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from astraflow.config import parse_config
+from astraflow.config import load_config, parse_config
 from astraflow.config.run import write_config_over
 from astraflow.core.errors import DeliveryError, LogError
 from astraflow.infra.broker.host import free_port
@@ -165,7 +166,7 @@ def test_an_analysis_principal_reads_everything_and_writes_nothing(secure_broker
                 if any(m.partition == 1 for m in read):
                     break
         assert b"probe" in [m.value for m in read if m.partition == 1]  # what the producer principal wrote
-        for topic in (RUN.metrics(), RUN.deadletter(), RUN.trajectories("main")):
+        for topic in (*RUN.metrics_topics(), *RUN.deadletter_topics(), RUN.trajectories("main")):
             with pytest.raises(DeliveryError, match="principal User:analysis may not write to the log"):
                 write(log, topic)
         with pytest.raises(LogError, match="principal User:analysis may not CREATE topic 'sec.extra'"):
@@ -208,3 +209,87 @@ def test_analysis_commands_reach_the_secure_cluster_with_security_and_write_noth
     refused = cli("runs", "rm", "sec", "--bootstrap", bootstrap, "--security", str(analysis_only), "--yes", "--force")
     assert refused.returncode != 0
     assert "principal User:analysis may not DELETE topic 'sec." in refused.stdout + refused.stderr
+
+
+def test_forged_control_records_are_refused_or_ignored_counted_and_reported(secure_broker, tmp_path: Path) -> None:
+    """What steers a run believes only the role allowed to say it (``runtime/control.py``). The producer
+    principal is refused on every other role's metrics and dead-letter topics; what it writes on its
+    own - ``eval.accuracy`` 1.0, ``train.version`` 1e6, ``scaler.desired_producers`` 8, a dead letter
+    naming a trajectory - the launcher's monitor ignores: the run stops on its own rule (versions),
+    ``summary.json``'s figures are the evaluator's and trainer's, and each forgery is counted and
+    dead-lettered on the launcher's topic. ``astraflow stats`` and ``audit`` leave them out too."""
+    from astraflow.analysis.audit import audit_run
+    from astraflow.analysis.stats import collect_stats
+    from astraflow.infra.launch.launcher import ForgeryReporter
+    from astraflow.infra.launch.monitor import RunMonitor
+    from astraflow.runtime.attach import open_run
+    from astraflow.runtime.context import ComponentContext
+    from astraflow.schemas.codec import Codec
+    from astraflow.schemas.records import DeadLetter
+
+    bootstrap, files = secure_broker
+    security = {**files.role_security(), "ca_file": str(files.ca)}
+    log = {"backend": "kafka", "bootstrap": bootstrap, "security": security}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stop = {"max_versions": 2, "target_accuracy": 0.9}
+    config = load_config(write_config_over(EXAMPLE, run_dir / "config.yaml", run="sec", log=log, stop=stop))
+    forger, evaluator, trainer, launcher = (
+        ComponentContext(config, run_dir, name) for name in ("rollout", "evaluate", "train", "launcher")
+    )
+    codec = Codec()
+    try:
+        for role in ("evaluator", "trainer", "scaler", "stream"):
+            with pytest.raises(DeliveryError, match=f"principal User:producer may not WRITE topic sec.metrics.{role}"):
+                write(forger.log, RUN.metrics(role))
+        with pytest.raises(DeliveryError, match="principal User:producer may not WRITE topic sec.deadletter.stream"):
+            write(forger.log, RUN.deadletter("stream"))
+        forger.metric("eval.accuracy", 1.0, 1, policy="main")
+        forger.metric("train.version", 1e6, 1e6, policy="main")
+        forger.metric("scaler.desired_producers", 8, 1)
+        lost = DeadLetter("rollout-x", "forged", "", RUN.trajectories("main"), 0, 0, None, b"", 0)
+        forger.producer.send(RUN.deadletter("producer"), codec.encode(lost))
+        forger.producer.flush()
+        for version, accuracy in ((0, 0.3), (1, 0.4), (2, 0.5)):
+            evaluator.metric("eval.accuracy", accuracy, version, policy="main")
+            trainer.metric("train.version", version, version, policy="main")
+        for context in (evaluator, trainer):
+            context.producer.flush()
+
+        monitor = RunMonitor(config, run_dir, launcher.log, RUN, report=ForgeryReporter(launcher))
+        deadline = time.monotonic() + 60
+        while monitor.done() is None and time.monotonic() < deadline:
+            monitor._consume(timeout=1.0)
+        assert monitor.done() == "2 versions trained"
+        monitor.drain()
+        summary = monitor.summary(warmup_seconds=0, interrupted=False)
+        assert (summary["final_accuracy"], summary["versions"]) == (0.5, 2)
+        assert summary["accuracy_by_version"] == {"0": 0.3, "1": 0.4, "2": 0.5}
+        assert summary["forgeries"] == {"metrics": 3, "dead_letters": 1}
+        assert monitor.producers.decision is None  # the forged scaler decision resizes nothing
+
+        with open_run(run_dir) as run:
+            reports = [letter for _, letter in decode(run.log, RUN.deadletter("admin"), codec)]
+            stats = collect_stats(run)
+            audit = audit_run(run)
+        assert (
+            sorted(letter.topic for letter in reports) == [RUN.deadletter("producer")] + [RUN.metrics("producer")] * 3
+        )
+        assert all(letter.reason.startswith("forged record: ") for letter in reports)
+        assert stats.forged == 4 and stats.dead_letters == {"forged record": 4}  # the launcher's reports
+        assert len(audit.forged_letters) == 1 and "does not read that topic" in audit.forged_letters[0]
+    finally:
+        for context in (forger, evaluator, trainer, launcher):
+            context.close()
+
+
+def decode(log, topic: str, codec):
+    """Every record of ``topic`` (one partition), decoded."""
+    with log.consumer(group_id=None) as consumer:
+        partition = TopicPartition(topic, 0)
+        end = log.end_offsets(topic)[0]
+        consumer.assign([partition])
+        consumer.seek_to_beginning()
+        while consumer.position(partition) < end:
+            for message in consumer.poll(max_records=100, timeout=1.0):
+                yield message, codec.decode(message.value)

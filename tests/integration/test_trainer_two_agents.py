@@ -135,7 +135,7 @@ def test_two_agents_on_loopback_train_one_policy_like_one_rank(tmp_path: Path) -
     assert sorted(trained) == sorted(sample.sample_id for sample in recorded_samples(count))  # each once
     reference = json.loads(REFERENCE.read_text())
     with open_log("embedded", path=run_dir / "log.sqlite") as log:
-        metrics = [record for _, record in decode_snapshot(log, "math.metrics") if isinstance(record, Metric)]
+        metrics = [record for _, record in decode_snapshot(log, "math.metrics.trainer") if isinstance(record, Metric)]
     losses = [m.value for m in sorted(metrics, key=lambda m: m.step) if m.name == "train.loss"]
     np.testing.assert_allclose(losses, reference["losses"], rtol=1e-5, atol=1e-6)
     final = run_dir / "checkpoints" / "main" / f"v{VERSIONS:08d}"

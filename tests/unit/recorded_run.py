@@ -6,9 +6,10 @@ Layout of run ``demo`` (``config.yaml`` + ``log.sqlite`` in the run directory):
   ``demo.trajectories.verifier``: 2 trajectories of version 0, rewards 1.0 and 0.0.
 - ``demo.samples.main``: 8 train samples; group ``demo.train.main`` committed 6 of them.
 - group ``demo.stream.main`` committed 10 of the 12 main trajectories (lag 2).
-- ``demo.metrics``: staleness 0,0,1,2,1,0; cumulative drop counters (stale: 3 on one instance,
-  2 on another; zero_variance: 4); accuracy 0.2/0.4/0.6 for versions 0-2; version lag per producer.
-- ``demo.deadletter``: two dead letters, reasons ``undecodable trajectory`` and ``invalid trajectory``.
+- ``demo.metrics.{role}``, each metric on its writer's topic: staleness 0,0,1,2,1,0; cumulative
+  drop counters (stale: 3 on one instance, 2 on another; zero_variance: 4); accuracy 0.2/0.4/0.6
+  for versions 0-2; version lag per producer.
+- ``demo.deadletter.stream``: two dead letters, reasons ``undecodable trajectory`` and ``invalid trajectory``.
 
 Every record is stamped one second apart from an hour ago, except the last two main trajectories,
 stamped 10 s ago: the only ones in a one-minute throughput window.
@@ -24,6 +25,7 @@ import numpy as np
 
 from astraflow.config import dump_config, parse_config
 from astraflow.log import Log, TopicPartition, open_log
+from astraflow.runtime.control import metric_owner
 from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import DeadLetter, Metric, TrainSample, Trajectory
@@ -148,13 +150,13 @@ def record_run(run_dir: Path) -> RecordedRun:
                 )
             for record in metrics:
                 producer.send(
-                    topics.metrics(),
+                    topics.metrics(metric_owner(record.name) or "admin"),
                     codec.encode(record),
                     key=record.component.encode(),
                     timestamp_ms=record.created_ms,
                 )
             for record in letters:
-                producer.send(topics.deadletter(), codec.encode(record), timestamp_ms=record.created_ms)
+                producer.send(topics.deadletter("stream"), codec.encode(record), timestamp_ms=record.created_ms)
             producer.flush()
         _commit(log, STREAM_GROUP, topics.trajectories("main"), lag=2)
         _commit(log, TRAIN_GROUP, topics.samples("main"), lag=2)

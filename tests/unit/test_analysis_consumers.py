@@ -41,7 +41,7 @@ def test_stats_numbers(recorded: RecordedRun) -> None:
     by_topic = {row.topic: row for row in stats.throughput}
     assert by_topic[f"{RUN}.trajectories.main"].appended == 12
     assert by_topic[f"{RUN}.trajectories.verifier"].retained == 2
-    assert by_topic[f"{RUN}.metrics"].appended == len(recorded.metrics)
+    assert sum(row.appended for name, row in by_topic.items() if ".metrics." in name) == len(recorded.metrics)
     assert stats.span_s == pytest.approx((len(recorded.metrics) - 1) * 1.0)
     assert by_topic[f"{RUN}.trajectories.main"].recent_per_s == pytest.approx(2 / 60)
     assert by_topic[f"{RUN}.samples.main"].recent_per_s == 0
@@ -146,6 +146,11 @@ def _trajectory_from_row(row: dict) -> Trajectory:
     return Trajectory(**values)
 
 
+def stream_metrics(recorded: RecordedRun) -> list[Metric]:
+    """The recorded metrics on the stream's topic, ``{RUN}.metrics.stream`` (``runtime/control.py``)."""
+    return [metric for metric in recorded.metrics if metric.name.startswith("stream.")]
+
+
 def _metric_from_row(row: dict) -> Metric:
     values = {k: v for k, v in row.items() if not k.startswith("_")}
     return Metric(**values | {"labels": dict(values["labels"])})
@@ -154,7 +159,7 @@ def _metric_from_row(row: dict) -> Metric:
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 @pytest.mark.parametrize(
     ("topic", "rebuild", "kind"),
-    [("trajectories.main", _trajectory_from_row, "main"), ("metrics", _metric_from_row, None)],
+    [("trajectories.main", _trajectory_from_row, "main"), ("metrics.stream", _metric_from_row, "stream")],
 )
 def test_export_round_trips(
     recorded: RecordedRun, tmp_path: Path, fmt: str, topic: str, rebuild, kind: str | None
@@ -164,7 +169,7 @@ def test_export_round_trips(
     out = tmp_path / f"out.{fmt}"
     with recorded.log() as log:
         result = export_topic(log, f"{RUN}.{topic}", fmt, out)
-    originals = recorded.trajectories[kind] if kind else recorded.metrics
+    originals = recorded.trajectories[kind] if kind == "main" else stream_metrics(recorded)
     assert result.rows == len(originals) and not result.skipped
     rows = (
         [json.loads(line) for line in out.read_text().splitlines()]
@@ -178,7 +183,7 @@ def test_export_round_trips(
 
 def test_export_rejects_an_unknown_format(recorded: RecordedRun, tmp_path: Path) -> None:
     with recorded.log() as log, pytest.raises(ConfigError, match="--to: 'csv'"):
-        export_topic(log, f"{RUN}.metrics", "csv", tmp_path / "x.csv")
+        export_topic(log, f"{RUN}.metrics.stream", "csv", tmp_path / "x.csv")
 
 
 def test_parquet_without_pyarrow_says_how_to_install(
@@ -186,7 +191,7 @@ def test_parquet_without_pyarrow_says_how_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with recorded.log() as log, pytest.raises(MissingDependencyError, match="uv pip install pyarrow"):
-        export_topic(log, f"{RUN}.metrics", "parquet", tmp_path / "x.parquet")
+        export_topic(log, f"{RUN}.metrics.stream", "parquet", tmp_path / "x.parquet")
 
 
 def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
@@ -196,8 +201,8 @@ def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
         RUN,
         "embedded",
         "stopped",
-        14,  # per policy: trajectories, samples, ledger, weights, the stream's changelog; tasks, feedback, metrics, DLQ
-        14,
+        26,  # per policy: trajectories, samples, ledger, weights, the stream's changelog; tasks, feedback;
+        14,  # and per writing role (7): metrics, dead letters
     )
     (recorded.run_dir / "summary.json").write_text(json.dumps({"final_accuracy": 0.6, "versions": 2}))
     shown = show_run(resolve_run(RUN, root))
@@ -205,14 +210,15 @@ def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
     assert {t.name: t.retained for t in shown.topics}[f"{RUN}.samples.main"] == 8
     assert [(g.group, g.lag) for g in shown.groups] == [(STREAM_GROUP, 2), (TRAIN_GROUP, 2)]
     with recorded.log() as log, log.producer() as producer:
-        producer.send(f"{RUN}.metrics", Codec().encode(Metric("train", "train.version", 3, 3, int(time.time() * 1000))))
+        version = Metric("train", "train.version", 3, 3, int(time.time() * 1000))
+        producer.send(f"{RUN}.metrics.trainer", Codec().encode(version))
         producer.flush()
     ref = resolve_run(RUN, root)
     assert show_run(ref).status == "live"
     with pytest.raises(ConfigError, match="is live"):
         remove_run(ref)
     removed = remove_run(ref, force=True)
-    assert len(removed) == 15 and removed[-1] == str(recorded.run_dir)
+    assert len(removed) == 27 and removed[-1] == str(recorded.run_dir)
     assert not recorded.run_dir.exists() and list_runs(root) == []
     with pytest.raises(ConfigError, match="no run 'demo'"):
         resolve_run(RUN, root)
@@ -228,7 +234,7 @@ def test_cli_commands(recorded: RecordedRun, tmp_path: Path) -> None:
         app,
         [
             "export",
-            f"{RUN}.metrics",
+            f"{RUN}.metrics.stream",
             "--run-dir",
             str(recorded.run_dir),
             "--to",
@@ -237,7 +243,7 @@ def test_cli_commands(recorded: RecordedRun, tmp_path: Path) -> None:
             str(tmp_path / "m.jsonl"),
         ],
     )
-    assert exported.exit_code == 0 and f"{len(recorded.metrics)} records" in exported.output
+    assert exported.exit_code == 0 and f"{len(stream_metrics(recorded))} records" in exported.output
     listed = runner.invoke(app, ["runs", "ls", "--root", str(recorded.run_dir.parent)])
     assert listed.exit_code == 0 and RUN in listed.output
     shown = runner.invoke(app, ["runs", "show", RUN, "--root", str(recorded.run_dir.parent)])

@@ -86,7 +86,7 @@ def test_bad_trajectory_is_dead_lettered_and_its_group_dropped_as_incomplete(
         buffer = processor.states[0].buffer
         assert buffer.pending == {} and buffer.failed == {}  # nothing left waiting
         processor.transactions.commit()
-        [letter] = read(ctx, ctx.topics.deadletter(), DeadLetter)
+        [letter] = read(ctx, ctx.topics.deadletter(ctx.role), DeadLetter)
         [stats] = read(ctx, ctx.topics.feedback(), PromptStats)
     finally:
         ctx.close()

@@ -185,7 +185,7 @@ def first_loss(tmp_path: Path, samples: list[TrainSample]) -> float:
         ctx.producer.flush()
         stop = threading.Event()
         stopping_at(Trainer(ctx, "main"), 1, stop).run(stop)
-        metrics = [record for _, record in decode_snapshot(ctx.log, ctx.topics.metrics())]
+        metrics = [record for _, record in decode_snapshot(ctx.log, ctx.topics.metrics(ctx.role))]
     finally:
         ctx.close()
     [loss] = [m.value for m in metrics if m.name == "train.loss"]

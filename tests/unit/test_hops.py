@@ -30,6 +30,7 @@ from astraflow.cli import app
 from astraflow.config import dump_config, parse_config
 from astraflow.log import open_log
 from astraflow.runtime.attach import open_run
+from astraflow.runtime.control import metric_owner
 from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import LedgerEntry, Metric, OffsetRange, RolloutTask, TrainSample
@@ -95,7 +96,8 @@ def write_chain(run_dir: Path, mode: str) -> None:
             ]
             for name, value, step, instance in metrics:
                 labels = {"instance": instance, "policy": "main"}
-                send(topics.metrics(), Metric(instance, name, value, step, 6000, labels), instance, 6000)
+                record = Metric(instance, name, value, step, 6000, labels)
+                send(topics.metrics(metric_owner(name)), record, instance, 6000)
             producer.flush()
 
 
@@ -112,7 +114,8 @@ def test_hops_of_a_known_chain(tmp_path: Path, mode: str) -> None:
 def test_one_producer_gets_no_last_producer_row_and_a_run_without_ledger_no_chain(tmp_path: Path) -> None:
     write_chain(tmp_path / RUN, "lockstep")
     with open_log("embedded", path=tmp_path / RUN / "log.sqlite") as log:
-        log.delete_topic(f"{RUN}.metrics")
+        for topic in RunTopics(RUN, "math", ("main",)).metrics_topics():
+            log.delete_topic(topic)
     with open_run(tmp_path / RUN) as run:
         (chain,) = collect_stats(run).version_chain
         hops = {row.hop: row for row in chain.hops}

@@ -259,7 +259,7 @@ def stream_samples(tmp_path: Path) -> dict:
         assert not runner.is_alive() and stop.is_set()
         samples = read_topic(ctx, ctx.topics.samples("main"), TrainSample)
         feedback = read_topic(ctx, ctx.topics.feedback(), PromptStats)
-        letters = read_topic(ctx, ctx.topics.deadletter(), DeadLetter)
+        letters = read_topic(ctx, ctx.topics.deadletter(ctx.role), DeadLetter)
     finally:
         ctx.close()
     return {

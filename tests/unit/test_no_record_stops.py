@@ -76,7 +76,7 @@ def test_a_stage_that_raises_dead_letters_the_group_and_the_processor_goes_on(
     stages.pop()
     feed_group(processor, "good", 2)
     ctx.producer.flush()
-    letters = read(ctx, ctx.topics.deadletter(), DeadLetter)
+    letters = read(ctx, ctx.topics.deadletter(ctx.role), DeadLetter)
     samples = read(ctx, ctx.topics.samples("main"), TrainSample)
     stats = read(ctx, ctx.topics.feedback(), PromptStats)
     error = {"operator": "ZeroDivisionError: float division by zero", "mixer": "KeyError: 'replay slot'"}[stage]
@@ -150,7 +150,7 @@ def test_a_row_too_large_for_a_task_is_dead_lettered_and_the_feeder_goes_on(ctx:
         thread.join(timeout=30)
         consumer.close()
     assert {t.prompt_id for t in tasks} == {"p0", "p1", "p2"}  # each epoch passes the huge row over
-    letters = read(ctx, ctx.topics.deadletter(), DeadLetter)
+    letters = read(ctx, ctx.topics.deadletter(ctx.role), DeadLetter)
     assert letters and all("cannot be submitted: record of" in letter.reason for letter in letters)
     assert all("bytes exceeds the" in letter.reason for letter in letters)
 

@@ -82,7 +82,7 @@ def test_a_group_missing_a_component_is_dead_lettered_by_name(ctx: ComponentCont
     ctx.producer.flush()
     samples = read_all(ctx, ctx.topics.samples("main"), TrainSample)
     assert sorted(s.sample_id for s in samples) == ["a/0", "a/1"]
-    letters = read_all(ctx, ctx.topics.deadletter(), DeadLetter)
+    letters = read_all(ctx, ctx.topics.deadletter(ctx.role), DeadLetter)
     assert len(letters) == 2 and all(
         "reward_terms: trajectory b/1 has no reward component 'invalid' (its components: found)" in letter.reason
         for letter in letters

@@ -82,7 +82,7 @@ def publisher(ctx: ComponentContext, weights: dict) -> WeightPublisher:
 
 def dead_letters(ctx: ComponentContext) -> list[DeadLetter]:
     consumer = ctx.log.consumer(group_id=None)
-    consumer.assign([TopicPartition(ctx.topics.deadletter(), 0)])
+    consumer.assign([TopicPartition(ctx.topics.deadletter(ctx.role), 0)])
     consumer.seek_to_beginning()
     letters = [ctx.codec.decode(m.value, expect=DeadLetter) for m in consumer.poll(max_records=100, timeout=0.0)]
     consumer.close()

@@ -425,7 +425,7 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
     assert {s.sample_id: s.advantage for s in samples}["a/0"] == pytest.approx(1.0)  # RLOO of [1, 0]: 1 - 0
     assert all(s.deadline_version == 6 for s in samples)
     assert processor.drops == {"zero_variance": 1, "stale": 1, "redelivered": 3}
-    metrics = {m.name: m.value for m in read_all(ctx, ctx.topics.metrics(), Metric)}
+    metrics = {m.name: m.value for m in read_all(ctx, ctx.topics.metrics(ctx.role), Metric)}
     assert metrics["stream.dropped.zero_variance"] == 1 and metrics["stream.dropped.stale"] == 1
     assert metrics["stream.dropped.redelivered"] == 3 and metrics["stream.replayed_groups"] == 1
 

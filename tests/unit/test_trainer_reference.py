@@ -106,7 +106,7 @@ def train_reference(tmp_path: Path) -> dict[str, object]:
     trainer._step = step_then_stop_at_the_last_version
     try:
         trainer.run(stop)
-        metrics = [record for _, record in decode_snapshot(ctx.log, ctx.topics.metrics())]
+        metrics = [record for _, record in decode_snapshot(ctx.log, ctx.topics.metrics(ctx.role))]
     finally:
         ctx.close()
     losses = [m.value for m in sorted(metrics, key=lambda m: m.step) if m.name == "train.loss"]

@@ -18,12 +18,15 @@ trainer    samples, its ledger, weights                 weights (and deletes old
                                                         feedback; group and transactional ids
                                                         ``r.train.``
 evaluator  weights                                      -
-scaler     metrics, samples; the trainer group's offsets  -
+scaler     every metrics topic, samples; the trainer       -
+           group's offsets
 analysis   every topic of the run                       nothing; groups ``r.analysis.``
 =========  ==========================================  ============================================
 
-and every role but ``analysis`` writes ``r.metrics`` and ``r.deadletter``; every role reads the
-schema topic and describes (metadata and configs) the run's topics.
+and every role but ``analysis`` writes its own ``r.metrics.ROLE`` and ``r.deadletter.ROLE`` and no
+other role's (readers believe a metric or a dead letter only from the role allowed to write it:
+``runtime/control.py``); every role reads the schema topic and describes (metadata and configs)
+the run's topics.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def run_grants(topics: RunTopics) -> list[Grant]:
             "delete": weights,
         },
         "evaluator": {"read": weights, "write": []},
-        "scaler": {"read": [topics.metrics(), *(topics.samples(p) for p in policies)], "write": []},
+        "scaler": {"read": [*topics.metrics_topics(), *(topics.samples(p) for p in policies)], "write": []},
         "analysis": {"read": [spec.name for spec in topics.specs(1)], "write": []},
     }
     prefixes = {
@@ -83,7 +86,7 @@ def run_grants(topics: RunTopics) -> list[Grant]:
         rights = per_role[role]
         writes = list(rights["write"])
         if role != "analysis":
-            writes += [topics.metrics(), topics.deadletter()]
+            writes += [topics.metrics(role), topics.deadletter(role)]
         grants += [Grant(role, "topic", SCHEMA_TOPIC, op) for op in ("read", "describe", "describe_configs")]
         # a reader without a group (assign only) still has a throwaway one: librdkafka looks its coordinator up
         grants += [Grant(role, "group", ASSIGN_GROUP_PREFIX, op, prefixed=True) for op in ("read", "describe")]

@@ -11,8 +11,9 @@ Steps:
    and for a multi-policy workflow a system evaluator ``evaluate --system``); with
    ``scaler.enabled`` also the scaler, and the producer pool (``pool.py``) follows its
    ``scaler.desired_producers`` decisions within ``scaler.min_producers..max_producers``.
-3. Follow the metrics topic (``RunMonitor``): append every metric to ``metrics.jsonl``, show the
-   dashboard (on a terminal; otherwise a progress line every 10 s), and stop on
+3. Follow the metrics topics (``RunMonitor``): append every metric its writer may write to
+   ``metrics.jsonl`` (forgeries are dead-lettered, ``ForgeryReporter``), show the dashboard (on a
+   terminal; otherwise a progress line every 10 s), and stop on
    ``stop.max_minutes``, ``stop.target_accuracy``, ``stop.target_gain``, ``stop.max_versions``
    or Ctrl-C (or SIGTERM). A component that exits on its own (a crash, ``kill -9``, a log it
    lost) is restarted and resumes from the log and its checkpoint; each restart is a
@@ -51,7 +52,7 @@ from astraflow.core.rundir import RunDir
 from astraflow.infra.broker.acls import grant_run
 from astraflow.infra.launch.monitor import RunMonitor
 from astraflow.infra.launch.pool import ProducerPool
-from astraflow.log import open_log
+from astraflow.log import Message, open_log
 from astraflow.runtime.context import ComponentContext, open_run_log
 from astraflow.runtime.topics import RunTopics
 from astraflow.scaler.rule import capped
@@ -167,6 +168,21 @@ class RestartRecorder:
             self.ctx.producer.flush(timeout=5.0)
         except LogError as exc:
             logger.warning("restart of %s not recorded yet: %s", child.name, exc)
+
+
+class ForgeryReporter:
+    """Dead-letters each forged control-plane record the monitor finds (``runtime/control.py``), so
+    ``astraflow audit`` and anyone reading the launcher's dead letters see where it was written."""
+
+    def __init__(self, ctx: ComponentContext) -> None:
+        self.ctx = ctx
+
+    def __call__(self, message: Message, reason: str) -> None:
+        self.ctx.dead_letter(message, f"forged record: {reason}")
+        try:
+            self.ctx.producer.flush(timeout=5.0)
+        except LogError as exc:
+            logger.warning("forged record not reported yet: %s", exc)
 
 
 STOP_S = 30.0
@@ -298,8 +314,8 @@ def launch(config: RunConfig, run_dir: Path, dashboard: bool = True) -> dict:
     if config.log.backend == "kafka" and config.log.security.role_credentials:  # as admin: each role's ACLs
         grants = grant_run({"bootstrap.servers": config.log.bootstrap, **config.log.client_config()}, topics)
         logger.info("granted %d ACLs to the component roles of run %s", grants, config.run)
-    monitor = RunMonitor(config, run_dir, log, topics)
     recorder = ComponentContext(config, run_dir, "launcher")
+    monitor = RunMonitor(config, run_dir, log, topics, report=ForgeryReporter(recorder))
     record = RestartRecorder(recorder, lambda: monitor.version)
     shutil.rmtree(run_dir / "pids", ignore_errors=True)
 

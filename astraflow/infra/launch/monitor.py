@@ -1,10 +1,16 @@
-"""The run monitor: follows ``{run}.metrics``, keeps ``metrics.jsonl`` and the TensorBoard event
+"""The run monitor: follows every role's ``{run}.metrics.{role}``, keeps ``metrics.jsonl`` and the TensorBoard event
 files (``RUN_DIR/tensorboard``, ``analysis/tensorboard.py``; skipped with a note when tensorboardX
 is not installed), shows the run's progress: the live dashboard on a terminal, otherwise a plain
 line every 10 s (``progress.py``).
 
 It is an analysis consumer like any other (no group, nothing committed), so it never slows the
 components. Records/s per topic comes from the topics' end offsets, sampled each refresh.
+
+It believes a metric only from the role allowed to write it, and a dead letter only from a role
+that reads the record it names (``runtime/control.py``): anything else is a forgery, counted in
+``summary.json`` (``forgeries``), reported through ``report`` (the launcher dead-letters it, naming
+the forger's topic and offset) and never acted on, so a component cannot end the run, fake its
+figures or resize its producer pool by writing what is not its to write.
 
 With several policies, accuracy and version are kept per policy (the ``policy`` label of
 ``eval.accuracy`` and ``train.version``); the run's headline accuracy and ``stop`` conditions
@@ -18,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,10 +38,11 @@ from astraflow.core.metric_names import EVAL_ACCURACY, EVAL_SYSTEM_PREFIX, STREA
 from astraflow.core.rundir import RunDir
 from astraflow.infra.launch.dashboard import Dashboard
 from astraflow.infra.launch.progress import ProgressLines
-from astraflow.log import Log, TopicPartition
+from astraflow.log import Log, Message, TopicPartition
+from astraflow.runtime.control import forged_letter, forged_metric
 from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
-from astraflow.schemas.records import Metric
+from astraflow.schemas.records import DeadLetter, Metric
 
 REFRESH_S = 1.0
 logger = logging.getLogger(__name__)
@@ -54,7 +61,14 @@ def gain_over_base(accuracy: dict[int, float], after: int = 0) -> float:
 class RunMonitor:
     """Collects metrics of one run and decides when the run is done."""
 
-    def __init__(self, config: RunConfig, run_dir: Path, log: Log, topics: RunTopics) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        log: Log,
+        topics: RunTopics,
+        report: Callable[[Message, str], None] | None = None,
+    ) -> None:
         self.config = config
         self.log = log
         self.topics = topics
@@ -63,8 +77,12 @@ class RunMonitor:
         self.started_ms = int(time.time() * 1000)
         self.out = RunDir(run_dir).metrics.open("a")
         self.consumer = log.consumer(group_id=None)
-        self.consumer.assign([TopicPartition(topics.metrics(), 0)])
+        self.letter_topics = set(topics.deadletter_topics())
+        self.consumer.assign([TopicPartition(topic, 0) for topic in [*topics.metrics_topics(), *self.letter_topics]])
         self.consumer.seek_to_beginning()
+        self.report = report
+        self.forgeries: Counter[str] = Counter()
+        """Metrics and dead letters read from a role not allowed to write them, by kind; never acted on."""
         self.policies = config.policy_names()
         self.policy_accuracy: dict[str, dict[int, float]] = {policy: {} for policy in self.policies}
         self.accuracy = self.policy_accuracy[self.policies[0]]
@@ -89,10 +107,17 @@ class RunMonitor:
 
     def _consume(self, timeout: float) -> None:
         for message in self.consumer.poll(max_records=5000, timeout=timeout):
+            if message.topic in self.letter_topics:
+                self._check_letter(message)
+                continue
             try:
                 metric = self.codec.decode(message.value, expect=Metric)
             except AstraFlowError as exc:
                 self.notes.append(f"bad metric record at offset {message.offset}: {exc}")
+                continue
+            forged = forged_metric(message.topic, metric)
+            if forged is not None:
+                self._forgery("metrics", message, forged)
                 continue
             wall = (metric.created_ms - self.started_ms) / 1000
             self.out.write(
@@ -126,6 +151,24 @@ class RunMonitor:
             elif metric.name == STREAM_GROUP_REWARD:
                 self.rewards.append(metric.value)
         self.out.flush()
+
+    def _check_letter(self, message: Message) -> None:
+        try:
+            letter = self.codec.decode(message.value, expect=DeadLetter)
+        except AstraFlowError as exc:
+            self._forgery("dead_letters", message, f"undecodable dead letter on {message.topic}: {exc}")
+            return
+        forged = forged_letter(self.config.run, message.topic, letter)
+        if forged is not None:
+            self._forgery("dead_letters", message, forged)
+
+    def _forgery(self, kind: str, message: Message, reason: str) -> None:
+        self.forgeries[kind] += 1
+        self.notes.append(f"forged record ignored: {reason}")
+        where = f"{message.topic}[{message.partition}]@{message.offset}"
+        logger.warning("forged record at %s ignored: %s", where, reason)
+        if self.report is not None:
+            self.report(message, reason)
 
     def _sample_rates(self) -> None:
         names = [self.topics.tasks()] + [
@@ -220,6 +263,7 @@ class RunMonitor:
             "wall_seconds": time.monotonic() - self.started,
             "warmup_seconds": warmup_seconds,
             "interrupted": interrupted,
+            "forgeries": dict(self.forgeries),
         }
         if self.config.policies:
             summary["policies"] = {policy: self._policy_summary(policy) for policy in self.policies}

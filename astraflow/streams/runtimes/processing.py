@@ -174,7 +174,7 @@ class GroupProcessor:
 
     def _dead_letter(self, message: Message, reason: str, error: BaseException | None = None) -> None:
         letter = self.ctx.dead_letter_record(message, reason, error)
-        self.out.send(self.ctx.topics.deadletter(), self.ctx.codec.encode(letter))
+        self.out.send(self.ctx.topics.deadletter(self.ctx.role), self.ctx.codec.encode(letter))
 
     def _dead_letter_members(self, group: Group, reason: str, error: BaseException | None = None) -> None:
         """Dead-letter every trajectory of ``group`` (re-encoded) at the position it was read from."""
