@@ -4,7 +4,9 @@ A trainer checkpoint (``checkpoints/<policy>/vNNNNNNNN/``) holds a bare state di
 ``sharded/`` when several ranks wrote it; ``training/checkpoint.py read_model_state``); the
 architecture and the tokenizer are the base checkpoint's. Steps of an export:
 
-1. Load the base checkpoint (its config, in its stored dtype) and its tokenizer as saved.
+1. Load the base checkpoint (its config, in its stored dtype) and its tokenizer as saved; with
+   ``weights.verify_key``, check the checkpoint's seal first (``weights/seal.py``): signed by that key
+   for this run and policy, of this version, of exactly these weights, or the export is refused.
 2. Put the checkpoint's state dict in, rounded to ``weights.transfer_dtype`` first: the weights of
    that version exactly as the run's rollout producers and evaluator loaded them from the weights
    topic (bf16 by default; with ``transfer_dtype: fp32`` the trainer's own weights).
@@ -74,6 +76,14 @@ def export_version(
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype="auto")
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     state = read_model_state(checkpoint)
+    if narrowed.weights.verify_key:
+        from astraflow.runtime.topics import RunTopics
+        from astraflow.weights.seal import check_seal, state_digest
+        from astraflow.weights.signing import ManifestVerifier
+
+        topic = RunTopics(config.run, config.workflow, config.policy_names()).weights(policy)
+        digest = state_digest(state, narrowed.weights.transfer_dtype)
+        check_seal(checkpoint, chosen, digest, ManifestVerifier(narrowed.weights.verify_key), topic)
     model.load_state_dict(to_transfer(state, narrowed.weights.transfer_dtype))
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

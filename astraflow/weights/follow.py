@@ -239,7 +239,7 @@ class WeightFollower:
                 self._codec,
                 self._poll_timeout,
                 self._stop,
-                accept=lambda manifest: verifier is None or verifier.refusal(manifest) is None,
+                accept=lambda manifest: verifier is None or verifier.refusal(manifest, self.topic) is None,
             )
             while not self._stop.is_set():
                 for message in self._consumer.poll(max_records=64, timeout=self._poll_timeout):
@@ -259,7 +259,7 @@ class WeightFollower:
 
     def _receive(self, record: WeightChunk, message: Message) -> None:
         if record.kind == "manifest" and self._verifier is not None:
-            reason = self._verifier.refusal(record)
+            reason = self._verifier.refusal(record, self.topic)
             if reason is not None:
                 self._refuse(message, reason)
                 return

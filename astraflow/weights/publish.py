@@ -107,6 +107,10 @@ class WeightPublisher:
         self._spare: dict | None = None
         self._last_full = -1
 
+    def last_state(self) -> tuple[int, dict] | None:
+        """(version, weights in the transfer dtype) of the version sent last, or ``None`` before the first."""
+        return None if self._previous is None else (self._previous.version, self._previous.state)
+
     def publish(
         self, state: Mapping, version: int, full: bool = False, transaction: TransactionalProducer | None = None
     ) -> WeightChunk:
@@ -255,7 +259,7 @@ def send_version(
         created_ms=now_ms(),
     )
     if signer is not None:
-        manifest = signer.sign(manifest)
+        manifest = signer.sign(manifest, topic)
     if transaction is not None:
         transaction.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
         return manifest

@@ -6,14 +6,17 @@ rollout producer and evaluator. With ``weights.signing_key`` (the trainer's priv
 ``weights.verify_key`` (the matching public key, all that the readers hold), the trainer signs
 every manifest and every follower takes in only versions signed by that key. The signature covers
 every field of the manifest a reader acts on (policy, version, base version and base sha256,
-encoding, payload size and sha256, chunk count, tensor table, store URI, chunk offset, time), and
-through the payload's sha256 every byte of the chunks, so a chunk or a field changed in transit
-fails as surely as a version from another key.
+encoding, payload size and sha256, chunk count, tensor table, store URI, chunk offset, time), the
+weights topic it is published on (``{run}.weights.{policy}``: so one copied to another run's or
+another policy's topic does not verify there), and through the payload's sha256 every byte of the
+chunks, so a chunk or a field changed in transit fails as surely as a version from another key.
+Checkpoints are sealed the same way (``seal.py``).
 
 A follower refuses three kinds of manifest, logs it, counts it (``WeightFollower.refused_versions``)
 and writes it to the run's dead-letter topic with the reason: ``unsigned`` (no signature),
 ``foreign`` (signed by another key, named by its fingerprint) and ``bad signature`` (the
-configured key's fingerprint, but the bytes do not verify: changed after signing).
+configured key's fingerprint, but the bytes do not verify: changed after signing, or signed for
+another topic).
 
 What it does not cover: a genuine manifest written again later (a replay) still verifies; the
 topic's write ACLs (``astraflow broker start --secure``) keep everyone but the trainer from
@@ -32,8 +35,9 @@ from pathlib import Path
 from astraflow.core.errors import ConfigError, WeightsError
 from astraflow.schemas.records import WeightChunk
 
-DOMAIN = b"astraflow.weights.manifest.v1\x00"
-"""Prefix of every signed message, so a signature over a manifest means nothing elsewhere."""
+DOMAIN = b"astraflow.weights.manifest.v2\x00"
+"""Prefix of every signed message, so a signature over a manifest means nothing elsewhere (v2: with its
+topic; a v1 signature, over no topic, does not verify)."""
 
 
 def _crypto():
@@ -48,9 +52,11 @@ def _crypto():
     return InvalidSignature, serialization, ed25519
 
 
-def signed_message(manifest: WeightChunk) -> bytes:
-    """The bytes a manifest's signature is over: every field but the data, signature and signer."""
+def signed_message(manifest: WeightChunk, topic: str) -> bytes:
+    """The bytes a manifest's signature is over: every field but the data, signature and signer, and
+    the weights topic it is for."""
     fields = {
+        "topic": topic,
         "policy": manifest.policy,
         "version": manifest.version,
         "base_version": manifest.base_version,
@@ -103,10 +109,10 @@ class ManifestSigner:
         self._key = key
         self.fingerprint = fingerprint(_public_raw(key.public_key()))
 
-    def sign(self, manifest: WeightChunk) -> WeightChunk:
-        """``manifest`` with its signature and the signer's fingerprint set."""
+    def sign(self, manifest: WeightChunk, topic: str) -> WeightChunk:
+        """``manifest``, for the weights topic ``topic``, with its signature and the signer's fingerprint set."""
         unsigned = replace(manifest, signature=b"", signer=self.fingerprint)
-        return replace(unsigned, signature=self._key.sign(signed_message(unsigned)))
+        return replace(unsigned, signature=self._key.sign(signed_message(unsigned, topic)))
 
 
 class ManifestVerifier:
@@ -128,8 +134,9 @@ class ManifestVerifier:
         self._key = key
         self.fingerprint = fingerprint(_public_raw(key))
 
-    def refusal(self, manifest: WeightChunk) -> str | None:
-        """Why ``manifest`` must not be taken in (unsigned, foreign, bad signature), or ``None``."""
+    def refusal(self, manifest: WeightChunk, topic: str) -> str | None:
+        """Why ``manifest``, read as one for the weights topic ``topic``, must not be taken in (unsigned,
+        foreign, bad signature), or ``None``."""
         invalid_signature, _, _ = _crypto()
         what = f"weights version {manifest.version} of policy {manifest.policy!r}"
         if not manifest.signature:
@@ -139,14 +146,17 @@ class ManifestVerifier:
         if manifest.signer != self.fingerprint:
             return f"foreign: {what} is signed by key {manifest.signer or '?'}, not by {self.fingerprint}"
         try:
-            self._key.verify(manifest.signature, signed_message(manifest))
+            self._key.verify(manifest.signature, signed_message(manifest, topic))
         except invalid_signature:
-            return f"bad signature: {what} does not verify against key {self.fingerprint} (changed after signing)"
+            return (
+                f"bad signature: {what} does not verify against key {self.fingerprint} for {topic}"
+                " (changed after signing, or signed for another run's or policy's topic)"
+            )
         return None
 
-    def check(self, manifest: WeightChunk) -> None:
-        """Raise ``WeightsError`` with the refusal when ``manifest`` is not signed by this key."""
-        reason = self.refusal(manifest)
+    def check(self, manifest: WeightChunk, topic: str) -> None:
+        """Raise ``WeightsError`` with the refusal when ``manifest`` is not signed by this key for ``topic``."""
+        reason = self.refusal(manifest, topic)
         if reason is not None:
             raise WeightsError(reason)
 

@@ -87,7 +87,7 @@ def test_the_run_signed_every_version_and_its_readers_took_them(math_run: Path) 
             int(codec.decode(m.value, expect=Trajectory).token_versions.max())
             for m in read_all(log, "learn.trajectories.main")
         )
-    assert kept and all(verifier.refusal(manifest) is None for manifest in kept)
+    assert kept and all(verifier.refusal(manifest, "learn.weights.main") is None for manifest in kept)
     assert {manifest.signer for manifest in kept} == {verifier.fingerprint}
     refused = [letter.reason for letter in letters if letter.topic == "learn.weights.main"]
     assert not refused, refused[:3]

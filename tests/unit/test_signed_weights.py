@@ -39,6 +39,9 @@ def foreign_keys(tmp_path: Path) -> dict[str, str]:
     return {"signing_key": str(private), "verify_key": str(public)}
 
 
+TOPIC = "run.weights.main"
+
+
 def manifest(**fields: object) -> WeightChunk:
     base = WeightChunk(
         "main", 3, 2, "delta", "manifest", -1, 1, 64, "ab" * 32, tensors=[TensorSpec("w", "bf16", [4, 8], 0, 64)]
@@ -48,12 +51,12 @@ def manifest(**fields: object) -> WeightChunk:
 
 def test_a_signed_manifest_verifies_and_any_change_to_it_does_not(keys: dict, foreign_keys: dict) -> None:
     signer, verifier = ManifestSigner(keys["signing_key"]), ManifestVerifier(keys["verify_key"])
-    signed = signer.sign(manifest())
+    signed = signer.sign(manifest(), TOPIC)
     assert signed.signer == verifier.fingerprint and len(signed.signature) == 64
-    assert verifier.refusal(signed) is None
-    assert verifier.refusal(manifest()).startswith("unsigned: weights version 3 of policy 'main'")
-    foreign = ManifestSigner(foreign_keys["signing_key"]).sign(manifest())
-    assert verifier.refusal(foreign).startswith(
+    assert verifier.refusal(signed, TOPIC) is None
+    assert verifier.refusal(manifest(), TOPIC).startswith("unsigned: weights version 3 of policy 'main'")
+    foreign = ManifestSigner(foreign_keys["signing_key"]).sign(manifest(), TOPIC)
+    assert verifier.refusal(foreign, TOPIC).startswith(
         f"foreign: weights version 3 of policy 'main' is signed by key {foreign.signer}"
     )
     changes = {
@@ -71,8 +74,18 @@ def test_a_signed_manifest_verifies_and_any_change_to_it_does_not(keys: dict, fo
         "created_ms": 1235,
     }
     for name, value in changes.items():
-        reason = verifier.refusal(replace(signed, **{name: value}))
+        reason = verifier.refusal(replace(signed, **{name: value}), TOPIC)
         assert reason is not None and reason.startswith("bad signature:"), name
+
+
+@pytest.mark.parametrize("elsewhere", ["run.weights.verifier", "other.weights.main"])
+def test_a_manifest_copied_to_another_policys_or_runs_topic_does_not_verify_there(keys: dict, elsewhere: str) -> None:
+    """The signature covers the topic it was published on, so the trainer's genuine version of one
+    policy (or run) cannot be replayed to another's readers, who share the key."""
+    verifier = ManifestVerifier(keys["verify_key"])
+    signed = ManifestSigner(keys["signing_key"]).sign(manifest(), TOPIC)
+    reason = verifier.refusal(signed, elsewhere)
+    assert reason is not None and reason.startswith("bad signature:") and elsewhere in reason
 
 
 def publisher(ctx: ComponentContext, weights: dict) -> WeightPublisher:

@@ -61,6 +61,7 @@ from astraflow.consumers.trainer.batch_assembler import BatchAssembler, policy_e
 from astraflow.consumers.trainer.ledger import TrainerLedger, consumed_ranges
 from astraflow.consumers.trainer.rank_learner import build_rank_learner, check_restored, restore_leader
 from astraflow.consumers.trainer.sample_checks import sample_problem, stale_feedback, stale_groups
+from astraflow.consumers.trainer.seals import CheckpointSeals
 from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError, FencedError, NonFiniteStepError, error_reason
 from astraflow.core.metric_names import (
@@ -136,6 +137,7 @@ class Trainer:
         self.publisher = WeightPublisher(
             ctx.producer, ctx.codec, ctx.topics.weights(policy), policy, ctx.config.weights, log=ctx.log
         )
+        self.seals = CheckpointSeals(ctx.config, ctx.topics.weights(policy), policy, self.checkpoints.directory)
         self.consumer: Consumer | None = None
         """The samples consumer of ``run``, whose group's offsets each version's transaction commits."""
 
@@ -197,6 +199,10 @@ class Trainer:
             )
             if kind == "start":
                 check_restored(self.restored, manifest.sha256, self.ledger)
+                if self.restored is not None:
+                    self.seals.check(self.restored.version, self.publisher)
+            if due:
+                self.seals.seal(version, self.publisher)  # before the commit: the ledger names only sealed ones
             entry = LedgerEntry(
                 self.policy,
                 kind,
@@ -367,6 +373,8 @@ class Trainer:
         else:
             self.checkpoints.save(self.learner.backend.model_state, self.learner.optimizer, state)
         self.checkpointed = self.learner.version
+        if not published_full:  # at a stop: of the version published last (a due one is sealed once published)
+            self.seals.seal(state.version, self.publisher)
 
     def _advance(self, taken: list[tuple[TrainSample | None, Message]]) -> None:
         """Move each samples partition's offset past the batch's last record there.
