@@ -2,7 +2,8 @@
 
 With ``model.path`` set, that checkpoint is the base and nothing is trained. Otherwise a tiny
 model is built from the ``model`` section, supervised on the task's train split until held-out
-greedy exact match reaches ``warmup.target_accuracy`` (``supervised_warmup``), and saved with
+greedy exact match reaches ``warmup.target_accuracy`` (to the step, once an evaluation lands more than
+``warmup.max_overshoot`` past it: ``supervised_warmup``), and saved with
 ``save_pretrained``. The result is cached under ``$ASTRAFLOW_CACHE`` (default
 ``~/.cache/astraflow``) by a hash of the model, task and warm-up sections and the policy's role,
 and copied into ``{run_dir}/base`` (``{run_dir}/base/{policy}`` with ``policies``) where every
@@ -85,6 +86,7 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
         "batch_size": w.batch_size,
         "lr": w.lr,
         "eval_every": w.eval_every,
+        "max_overshoot": w.max_overshoot,
         "micro_batch_tokens": w.micro_batch_tokens,
         "seed": m.seed,
     }

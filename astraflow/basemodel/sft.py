@@ -3,7 +3,11 @@
 RL from a random model never sees a reward; GRPO needs groups with mixed outcomes. So the base
 checkpoint is a short supervised fine-tune (cross-entropy on the answer and eos tokens, prompt
 masked) on the train split, stopped as soon as greedy held-out exact match reaches ``target_em``
-(~0.30 in the product target), then saved with ``save_policy``.
+(~0.30 in the product target), then saved with ``save_policy``. Near the target the score climbs
+fast (0.195 → 0.38 in 25 steps of the math example, to 0.535 on another CPU), so an evaluation
+more than ``max_overshoot`` past it is not where the warm-up stops: it goes back to the evaluation
+before and replays the same batches, evaluating after each step, and stops at the first step that
+reaches the target.
 
 Multi-turn tasks are warmed up on demonstrations: the transcript of a perfect episode (the
 task's ``demonstration`` turns, played in the real environment by ``envs.episodes.demonstrate``,
@@ -17,6 +21,7 @@ Defaults are tuned on the 4x128 tiny model (benchmarks/prototype_grpo.py): lr 1e
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
@@ -86,11 +91,13 @@ def supervised_warmup(
     batch_size: int = 64,
     lr: float = 1e-3,
     eval_every: int = 10,
+    max_overshoot: float | None = 0.05,
     max_new_tokens: int = 4,
     micro_batch_tokens: int | None = None,
     seed: int = 0,
 ) -> WarmupResult:
-    """Fine-tune ``model`` in place until greedy held-out EM ≥ ``target_em`` or ``max_steps`` steps."""
+    """Fine-tune ``model`` in place until greedy held-out EM ≥ ``target_em`` or ``max_steps`` steps
+    (an evaluation past ``target_em + max_overshoot`` is replayed step by step: ``fit``)."""
     return fit(
         model,
         tokenizer.pad_token_id,
@@ -101,6 +108,7 @@ def supervised_warmup(
         batch_size=batch_size,
         lr=lr,
         eval_every=eval_every,
+        max_overshoot=max_overshoot,
         micro_batch_tokens=micro_batch_tokens,
         seed=seed,
     )
@@ -129,19 +137,27 @@ def fit(
     batch_size: int = 64,
     lr: float = 1e-3,
     eval_every: int = 10,
+    max_overshoot: float | None = 0.05,
     micro_batch_tokens: int | None = None,
     seed: int = 0,
 ) -> WarmupResult:
     """Cross-entropy on the masked response tokens of ``examples`` until ``evaluate()`` ≥ ``target``
     (checked every ``eval_every`` steps) or ``max_steps`` steps; the model ends in eval mode. With
-    ``micro_batch_tokens`` each batch runs as ``micro_batches`` of it (the same gradient)."""
+    ``micro_batch_tokens`` each batch runs as ``micro_batches`` of it (the same gradient).
+
+    An evaluation above ``target + max_overshoot`` crossed the target somewhere in the steps since the
+    one before: the model, optimizer and batch order go back to that evaluation's state, and the same
+    batches are replayed with an evaluation after every step, so the warm-up stops at the first step
+    that reaches ``target`` (``replay_from``). ``max_overshoot=None`` stops at the first evaluation at
+    or above it, wherever it lands."""
     started = time.perf_counter()
     order = random.Random(seed)
     examples = list(examples)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     em = evaluate()
     curve = [(0, time.perf_counter() - started, em)]
-    step = 0
+    step, every = 0, eval_every
+    saved = _TrainingState.capture(model, optimizer, order, step, em)
     while em < target and step < max_steps:
         model.train()
         sampled = order.sample(examples, min(batch_size, len(examples)))
@@ -155,9 +171,47 @@ def fit(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-        if step % eval_every == 0 or step == max_steps:
+        if step % every == 0 or step == max_steps:
             em = evaluate()
             curve.append((step, time.perf_counter() - started, em))
             logger.info("warm-up step %d: held-out score %.3f (%.0f s)", step, em, curve[-1][1])
+            if every > 1 and replay_from(em, target, max_overshoot):
+                step, em = saved.restore(model, optimizer, order)
+                every = 1
+                logger.info("warm-up: past %.3f by more than %s, replaying from step %d", target, max_overshoot, step)
+            elif every > 1:
+                saved = _TrainingState.capture(model, optimizer, order, step, em)
     model.eval()
     return WarmupResult(steps=step, heldout_em=em, seconds=time.perf_counter() - started, curve=curve)
+
+
+def replay_from(score: float, target: float, max_overshoot: float | None) -> bool:
+    """Whether an evaluation that scored ``score`` went too far past ``target`` to stop at: more than
+    ``max_overshoot`` above it (never with ``max_overshoot=None``)."""
+    return max_overshoot is not None and score > target + max_overshoot
+
+
+@dataclass
+class _TrainingState:
+    """What a warm-up step depends on, kept at an evaluation to replay the steps after it."""
+
+    step: int
+    score: float
+    model: dict[str, torch.Tensor]
+    optimizer: dict
+    order: tuple
+
+    @classmethod
+    def capture(
+        cls, model: PreTrainedModel, optimizer: torch.optim.Optimizer, order: random.Random, step: int, score: float
+    ) -> "_TrainingState":
+        weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        return cls(step, score, weights, copy.deepcopy(optimizer.state_dict()), order.getstate())
+
+    def restore(
+        self, model: PreTrainedModel, optimizer: torch.optim.Optimizer, order: random.Random
+    ) -> tuple[int, float]:
+        model.load_state_dict(self.model)
+        optimizer.load_state_dict(self.optimizer)
+        order.setstate(self.order)
+        return self.step, self.score

@@ -157,8 +157,76 @@ def test_warm_up_micro_batches_get_their_own_cache_key_and_leave_other_keys_as_t
     math = RunConfig()
     cut = parse_config({"warmup": {"micro_batch_tokens": 2048}})
     assert _cache_key(cut) != _cache_key(math)
-    # the math example's key from before the option existed: its cached bases stay valid
-    assert _cache_key(load_config(EXAMPLES / "math" / "config.yaml")) == "1204139d8227abe0"
+    # a base cached before ``max_overshoot`` may have stopped far past its target (0.535 for 0.30): the
+    # math example's key from then ("1204139d8227abe0") must not find it
+    assert _cache_key(load_config(EXAMPLES / "math" / "config.yaml")) != "1204139d8227abe0"
+
+
+def overshoot_fit(scores: list[float], max_overshoot: float | None, steps: int = 40):
+    """``fit`` of a tiny model, every 5 steps, scored by the scripted ``scores`` in the order asked for."""
+    from astraflow.basemodel.sft import fit
+    from astraflow.training.step import PolicyExample
+
+    rng = np.random.default_rng(0)
+    examples = [
+        PolicyExample(
+            rng.integers(3, 10, 3).astype(np.int32),
+            rng.integers(3, 10, 4).astype(np.int32),
+            np.zeros(4, np.float32),
+            np.ones(4, np.uint8),
+            0.0,
+        )
+        for _ in range(12)
+    ]
+    tokenizer = build_char_tokenizer("abcdefghij")
+    model = build_tiny_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    script = iter(scores)
+    result = fit(
+        model,
+        tokenizer.pad_token_id,
+        examples,
+        lambda: next(script),
+        target=0.30,
+        max_steps=steps,
+        batch_size=4,
+        lr=1e-2,
+        eval_every=5,
+        max_overshoot=max_overshoot,
+    )
+    return model, result
+
+
+def test_a_warm_up_that_jumps_past_its_target_replays_the_last_steps_one_by_one() -> None:
+    # evaluations at steps 0, 5, 10, 15: 0.6 overshoots, so steps 11, 12, ... are replayed and scored one by one
+    model, result = overshoot_fit([0.0, 0.1, 0.2, 0.6, 0.25, 0.31, 0.9], max_overshoot=0.05)
+    assert (result.steps, result.heldout_em) == (12, 0.31)
+    assert [(step, score) for step, _, score in result.curve] == [
+        (0, 0.0),
+        (5, 0.1),
+        (10, 0.2),
+        (15, 0.6),
+        (11, 0.25),
+        (12, 0.31),
+    ]
+    # the replay is the same training: the model is the one 12 uninterrupted steps make
+    straight, _ = overshoot_fit([0.0] * 4, max_overshoot=None, steps=12)  # scored at 0, 5, 10, 12
+    for name, value in straight.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("scores", "max_overshoot", "stop"),
+    [
+        ([0.0, 0.1, 0.34], 0.05, (10, 0.34)),  # within the margin: the evaluation ends the warm-up
+        ([0.0, 0.1, 0.6], None, (10, 0.6)),  # no margin: the first evaluation at or above the target
+        ([0.0, 0.6, 0.1, 0.2, 0.3], 0.05, (3, 0.3)),  # replayed from step 0, stops at the target exactly
+    ],
+)
+def test_a_warm_up_stops_at_the_first_score_in_reach_of_its_target(
+    scores: list[float], max_overshoot: float | None, stop: tuple[int, float]
+) -> None:
+    _, result = overshoot_fit(scores, max_overshoot)
+    assert (result.steps, result.heldout_em) == stop
 
 
 def test_the_warm_up_cuts_a_batch_by_length_and_keeps_its_gradient() -> None:
