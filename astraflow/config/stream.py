@@ -97,6 +97,15 @@ class StreamConfig(Section):
         "A group still missing members this long after its first member's record (in record timestamps, not the "
         "processor's clock, so a restart after an outage expires nothing) is dead-lettered as incomplete."
     )
+    verify_tasks: Literal["auto", "on", "off"] = "auto"
+    (
+        "Check each trajectory against the task it names on the tasks topic (``streams/runtimes/issued_tasks.py``): "
+        "issued by the feeder, of the same prompt id, group and workflow, and - for the single-turn workflow - "
+        "prompt ids that are the task's prompt as the engines encode it; a mismatch is dead-lettered. ``auto``: on "
+        "where the log authenticates each role (Kafka with ``log.security.role_credentials``), the only place where "
+        "a producer cannot write the task it names as well; ``on``: everywhere (a producer's bug); ``off``: never "
+        "(a replay, whose trajectories are copied without their tasks)."
+    )
     runtime: Literal["native", "faust"] | None = None
     (
         "What runs the pipeline: ``native`` (any log) or ``faust`` (Kafka only: faust agents, half-filled groups in a "

@@ -53,6 +53,22 @@ class TokenEngine(Protocol):
         """One continuation of each context, in order."""
 
 
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], chat_template: bool) -> list[np.ndarray]:
+    """Token ids of each prompt as every engine encodes it: as one user turn of the chat template
+    (``chat_template``, where the tokenizer has one), or the raw text. The stream processor encodes a
+    task's prompt the same way to check the prompt a trajectory claims."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        ids = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            for prompt in prompts
+        ]
+    else:
+        ids = tokenizer(list(prompts))["input_ids"]
+    return [np.asarray(row, dtype=np.int32) for row in ids]
+
+
 class EngineError(AstraFlowError):
     """An engine cannot serve what the producer needs (e.g. a server that returns no log-probs)."""
 
@@ -81,16 +97,7 @@ class Engine(ABC):
 
     def encode(self, prompts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each prompt: as one user turn of the chat template, or the raw text."""
-        if self.chat_template:
-            ids = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-                for prompt in prompts
-            ]
-        else:
-            ids = self.tokenizer(list(prompts))["input_ids"]
-        return [np.asarray(row, dtype=np.int32) for row in ids]
+        return encode_prompts(self.tokenizer, prompts, self.chat_template)
 
     def generate(
         self, prompts: Sequence[str], n: int, max_new_tokens: int, temperature: float, greedy: bool = False

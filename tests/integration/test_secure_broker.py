@@ -284,7 +284,7 @@ def test_forged_control_records_are_refused_or_ignored_counted_and_reported(secu
 
 
 def decode(log, topic: str, codec):
-    """Every record of ``topic`` (one partition), decoded."""
+    """Every record of ``topic`` (one partition), decoded, but the other tests' probes."""
     with log.consumer(group_id=None) as consumer:
         partition = TopicPartition(topic, 0)
         end = log.end_offsets(topic)[0]
@@ -292,4 +292,65 @@ def decode(log, topic: str, codec):
         consumer.seek_to_beginning()
         while consumer.position(partition) < end:
             for message in consumer.poll(max_records=100, timeout=1.0):
-                yield message, codec.decode(message.value)
+                if message.value != b"probe":  # what the ACL tests above write
+                    yield message, codec.decode(message.value)
+
+
+def test_on_the_secure_broker_the_stream_trains_only_answers_to_issued_tasks(secure_broker, tmp_path: Path) -> None:
+    """``stream.verify_tasks: auto`` is on where each role logs in as itself: the stream principal reads
+    the tasks the feeder principal issued and dead-letters the producer principal's trajectory whose
+    prompt is not its task's, while the genuine group becomes samples."""
+    import dataclasses
+
+    import numpy as np
+
+    from astraflow.basemodel.tiny import create_tiny_checkpoint
+    from astraflow.engines.base import encode_prompts
+    from astraflow.engines.loading import load_tokenizer
+    from astraflow.log import Message
+    from astraflow.runtime.context import ComponentContext
+    from astraflow.schemas.records import RolloutTask
+    from astraflow.streams.runtimes.native import NativeStreamProcessor
+    from tests.unit.test_stream_operators import traj
+
+    bootstrap, files = secure_broker
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    base = create_tiny_checkpoint(tmp_path / "base")
+    log = {"backend": "kafka", "bootstrap": bootstrap, "partitions": 1, "security": {**files.role_security()}}
+    raw = {"run": "sec", "log": log, "model": {"path": str(base)}, "rollout": {"group_size": 2}}
+    config = load_config(write_config_over(EXAMPLE, run_dir / "config.yaml", **raw, stream={"runtime": "native"}))
+    feeder, producer, stream = (ComponentContext(config, run_dir, name) for name in ("feed", "rollout", "stream"))
+    prompt = encode_prompts(load_tokenizer(base), ["12+35="], False)[0]
+    try:
+        for group in ("tg", "tf"):
+            issued = RolloutTask(group, f"p-{group}", group, "math", "12+35=", "47", 2, 0, 0)
+            feeder.producer.send(RUN.tasks(), feeder.codec.encode(issued), key=group.encode(), partition=0)
+        feeder.producer.flush()
+        answers = [
+            dataclasses.replace(traj(group, index, float(1 - index), size=2), prompt_id=f"p-{group}", prompt_ids=ids)
+            for group, ids in (("tg", prompt), ("tf", np.array([5, 6, 7], dtype=np.int32)))
+            for index in range(2)
+        ]
+        processor = NativeStreamProcessor(stream, "main")
+        assert processor.tasks is not None  # auto: on, the log authenticating each role
+        topic = RUN.trajectories("main")
+        processor.transactions.begin()
+        accepted = []
+        for offset, answer in enumerate(answers):
+            done = processor._add(Message(topic, 0, offset, answer.group_id.encode(), stream.codec.encode(answer), 0))
+            if done is not None and processor._process(done, 0):
+                accepted.append(done)
+        processor._emit(accepted, 0)
+        processor.transactions.commit()
+        processor.close_followers()
+    finally:
+        for context in (feeder, producer, stream):
+            context.close()
+    with as_principal(bootstrap, files, "analysis") as reader:
+        letters = [letter for _, letter in decode(reader, RUN.deadletter("stream"), stream.codec)]
+        samples = [sample for _, sample in decode(reader, RUN.samples("main"), stream.codec)]
+    forged = [letter for letter in letters if letter.key == b"tf"]
+    assert [letter.reason.split(": ", 2)[1] for letter in forged] == ["prompt_ids"] * 2, [x.reason for x in letters]
+    assert {sample.sample_id for sample in samples} >= {"tg/0", "tg/1"}
+    assert not any(sample.sample_id.startswith("tf/") for sample in samples)

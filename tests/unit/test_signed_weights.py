@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from astraflow.config import WeightsConfig, parse_config
 from astraflow.core.errors import ConfigError
-from astraflow.log import TopicPartition
+from astraflow.log import TopicPartition, TopicSpec
 from astraflow.runtime.context import ComponentContext
 from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.records import DeadLetter, TensorSpec, WeightChunk
@@ -212,3 +212,33 @@ def test_keys_come_in_matching_pairs_and_the_private_one_stays_private(
         ctx.close()
     with pytest.raises(ConfigError, match="exists already: not overwriting a key"):
         generate_key_pair(Path(keys["signing_key"]).parent)
+
+
+def test_the_trainers_versions_copied_to_another_policys_topic_are_refused_there(tmp_path: Path, keys: dict) -> None:
+    """Both policies' readers hold the same verify key, but each manifest is signed for its own topic:
+    every record of policy ``main``'s topic, copied verbatim to ``verifier``'s, is refused there."""
+    ctx = ComponentContext(parse_config({"weights": keys}), tmp_path, "rollout")
+    try:
+        trainer = publisher(ctx, keys)
+        for version in range(3):
+            trainer.publish(random_state(version), version)
+        source, copy = ctx.topics.weights("main"), ctx.topics.weights("verifier")
+        ctx.log.create_topic(TopicSpec(copy, partitions=2, max_message_bytes=8 << 20))
+        consumer = ctx.log.consumer(group_id=None)
+        consumer.assign([TopicPartition(source, p) for p in range(2)])
+        consumer.seek_to_beginning()
+        records = consumer.poll(max_records=1000, timeout=0.0)
+        consumer.close()
+        for record in records:
+            ctx.producer.send(copy, record.value, key=record.key, partition=record.partition)
+        ctx.producer.flush()
+        follower = follow_weights(ctx, "verifier", payload=True)
+        try:
+            assert follower.wait_caught_up(timeout=30)
+            assert (follower.latest_version, follower.refused_versions) == (-1, 3)
+        finally:
+            follower.close()
+        reasons = {letter.reason.split(":")[0] for letter in dead_letters(ctx) if letter.topic == copy}
+        assert reasons == {"bad signature"}
+    finally:
+        ctx.close()

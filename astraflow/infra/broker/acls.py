@@ -11,7 +11,7 @@ role       reads                                       writes
 feeder     tasks, feedback, weights (versions only)     tasks; transactional ids ``r.feed.``
 producer   tasks, weights                               trajectories; groups and transactional ids
                                                         ``r.rollout.``
-stream     trajectories, weights, its changelogs        samples, feedback, topics ``r.stream.``
+stream     trajectories, tasks, weights, its changelogs samples, feedback, topics ``r.stream.``
                                                         (its changelogs; faust creates its own);
                                                         groups and transactional ids ``r.stream.``
 trainer    samples, its ledger, weights                 weights (and deletes old versions), ledger,
@@ -59,7 +59,7 @@ def run_grants(topics: RunTopics) -> list[Grant]:
         "feeder": {"read": [topics.tasks(), topics.feedback(), *weights], "write": [topics.tasks()]},
         "producer": {"read": [topics.tasks(), *weights], "write": [topics.trajectories(p) for p in policies]},
         "stream": {
-            "read": [*(topics.trajectories(p) for p in policies), *weights],
+            "read": [*(topics.trajectories(p) for p in policies), topics.tasks(), *weights],
             "write": [*(topics.samples(p) for p in policies), topics.feedback()],
         },
         "trainer": {

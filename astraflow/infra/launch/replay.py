@@ -102,16 +102,18 @@ def check_compatible(config: RunConfig, run_dir: Path, source: AttachedRun) -> s
 
 
 def replay_config(config: RunConfig) -> RunConfig:
-    """``config`` with the staleness operator removed from the stream pipeline (module docstring)."""
+    """``config`` with the staleness operator removed from the stream pipeline (module docstring), and
+    no check of trajectories against issued tasks (``stream.verify_tasks: off``): the copied
+    trajectories' tasks are on the source run's tasks topic, not on this run's."""
     operators = config.stream.operators()
     kept = [spec for spec in operators if not isinstance(spec, StalenessSpec)]
-    if len(kept) == len(operators):
-        return config
-    logger.warning("replay: the staleness operator is removed: replayed token versions count the source run's steps")
     raw = config.model_dump(mode="json")
-    raw["stream"] = {**raw["stream"], "pipeline": [spec.model_dump(mode="json") for spec in kept]}
-    raw["stream"].pop("advantage", None)
-    raw["stream"].pop("drop_zero_variance", None)
+    raw["stream"] = {**raw["stream"], "verify_tasks": "off"}
+    if len(kept) < len(operators):
+        logger.warning("replay: no staleness operator: replayed token versions count the source run's steps")
+        raw["stream"]["pipeline"] = [spec.model_dump(mode="json") for spec in kept]
+        raw["stream"].pop("advantage", None)
+        raw["stream"].pop("drop_zero_variance", None)
     return parse_config(raw, source="replay config")
 
 

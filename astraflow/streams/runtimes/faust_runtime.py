@@ -145,7 +145,7 @@ class FaustStreamProcessor(GroupProcessor):
         try:
             loop.run_until_complete(self._serve(stop, follower))
         finally:
-            follower.close()
+            self.close_followers()
             if self.gaps is not None:
                 self.gaps.close()
             loop.run_until_complete(loop.shutdown_asyncgens())

@@ -163,8 +163,7 @@ class NativeStreamProcessor(GroupProcessor):
                     self._rewind(consumer)
         finally:
             self._drop_states()
-            if self.follower is not None:
-                self.follower.close()
+            self.close_followers()
             consumer.close()
             self.transactions.close()  # aborts a transaction left open by a failure
 

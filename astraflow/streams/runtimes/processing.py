@@ -6,8 +6,9 @@ are kept, when offsets are committed. Everything a record goes through on its wa
 
 1. ``_admit``: decode and check one trajectory record (``schemas.validation``: reward bound,
    token ids and length against the model, loss mask, group size, token versions, and here its
-   size against the samples topic). A record that does not decode, fails a check or belongs to
-   another policy is dead-lettered with the reason, and becomes a failed member of its group (the
+   size against the samples topic and, with ``stream.verify_tasks``, its task: ``issued_tasks.py``).
+   A record that does not decode, fails a check or belongs to another policy is dead-lettered with
+   the reason, and becomes a failed member of its group (the
    record key names the group when the bytes do not), so the group still completes - and is
    dropped as ``incomplete``.
 2. ``Arrival.join``: add the trajectory (or the failed member) to a ``GroupBuffer``, stamped with
@@ -56,6 +57,7 @@ from astraflow.schemas.validation import Limits, clipped, validate
 from astraflow.streams.operators.advantage import mean_std
 from astraflow.streams.operators.base import Group, GroupBuffer
 from astraflow.streams.operators.pipeline import build_pipeline
+from astraflow.streams.runtimes.issued_tasks import IssuedTasks, verifies_tasks
 from astraflow.weights.follow import WeightFollower
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,8 @@ class GroupProcessor:
         """Token versions count this run's versions only where staleness is judged by them (not in a replay)."""
         self.follower: WeightFollower | None = None
         """The trainer's published versions (set by the runtime; without one, token versions go unchecked)."""
+        self.tasks = IssuedTasks(ctx, policy) if verifies_tasks(ctx) else None
+        """The issued tasks each trajectory is checked against (``stream.verify_tasks``), or ``None``."""
         self.drops: Counter[str] = Counter()
         self.accepted = 0
         self.replayed = 0
@@ -156,10 +160,19 @@ class GroupProcessor:
         problem = validate(trajectory, self.limits, newest)
         if problem is None and trajectory.policy != self.policy:
             problem = f"policy: {trajectory.policy!r} is not {self.policy!r}, the policy of this trajectories topic"
+        if problem is None and self.tasks is not None:
+            problem = self.tasks.problem(trajectory)
         if problem is None:
             too_large = self.ctx.oversize(self.ctx.topics.samples(self.policy), message.value, SAMPLE_HEADROOM_BYTES)
             problem = None if too_large is None else f"record size: {too_large} (as a train sample)"
         return problem
+
+    def close_followers(self) -> None:
+        """Close what the checks follow: the trainer's weights topic and the tasks topic."""
+        if self.follower is not None:
+            self.follower.close()
+        if self.tasks is not None:
+            self.tasks.close()
 
     def _newest_version(self, needed: int) -> int:
         """The newest published version, once it is ``needed`` or the poll's wait budget is spent
