@@ -55,10 +55,19 @@ def log(log_target: dict[str, str]) -> Iterator[Log]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """After the unit tests, how many commits changed the code under each committed benchmark figure
-    since it ran (``benchmarks/staleness.py``), computed now so that it cannot go stale itself."""
+    since it ran (``benchmarks/staleness.py``), computed now so that it cannot go stale itself; and how
+    many crash points the stages have (``core/crashpoints.py``), found from the code."""
     if not any(Path(arg).parts[-1:] == ("unit",) for arg in config.args):
         return
     from benchmarks import staleness  # the benchmarks folder is a namespace package of the repository
 
     terminalreporter.write_sep("-", "benchmark figures: commits on their paths since they ran")
     terminalreporter.write_line(staleness.table(staleness.figures()))
+    from astraflow.core.crashpoints import STAGE_MODULES, crash_point_names, find_crash_points
+
+    sites = find_crash_points()
+    terminalreporter.write_sep("-", "crash points (core/crashpoints.py)")
+    terminalreporter.write_line(
+        f"{len(crash_point_names())} named crash points; {len(sites)} durable calls in {len(STAGE_MODULES)} stage "
+        f"modules, {sum(site.point is None for site in sites)} without one"
+    )

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from astraflow.core.crashpoints import crash_point
+
 if TYPE_CHECKING:
     import torch
 
@@ -136,6 +138,7 @@ class CheckpointStore:
         self.keep = keep
         directory.mkdir(parents=True, exist_ok=True)
         for stale in directory.glob("*.tmp"):
+            crash_point("checkpoint.remove_unfinished")
             shutil.rmtree(stale)
 
     def latest(self) -> Path | None:
@@ -148,6 +151,7 @@ class CheckpointStore:
         tmp = self.begin(state.version)
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        crash_point("checkpoint.files_written", state.version)
         return self.commit(tmp, state)
 
     def begin(self, version: int) -> Path:
@@ -160,15 +164,19 @@ class CheckpointStore:
         """Write ``state`` into ``tmp``, sync every file and make the checkpoint whole (steps 1-3)."""
         final = version_dir(self.directory, state.version)
         if final.exists():  # a checkpoint of this number whose version was never committed
+            crash_point("checkpoint.remove_uncommitted", state.version)
             shutil.rmtree(final)
         (tmp / "state.json").write_text(state.to_json())
         for path in sorted(tmp.rglob("*")):
             if path.is_file():
                 with path.open("rb") as handle:
+                    crash_point("checkpoint.fsync_file", state.version)
                     os.fsync(handle.fileno())
+        crash_point("checkpoint.rename", state.version)
         os.rename(tmp, final)
         directory_fd = os.open(self.directory, os.O_RDONLY)
         try:
+            crash_point("checkpoint.fsync_directory", state.version)
             os.fsync(directory_fd)
         finally:
             os.close(directory_fd)
@@ -184,6 +192,7 @@ class CheckpointStore:
             return []
         deleted = [directory for directory in done if directory < kept[-1] and directory not in kept]
         for directory in deleted:
+            crash_point("checkpoint.prune")
             shutil.rmtree(directory)
         return deleted
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from astraflow.config import WeightsConfig
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import ConfigError, WeightsError
 from astraflow.log import Log, Producer, TransactionalProducer
 from astraflow.runtime.context import now_ms
@@ -247,6 +248,7 @@ def send_version(
                 created_ms=now_ms(),
             )
             producer.send(topic, codec.encode(chunk), key=key, partition=WEIGHTS_CHUNK_PARTITION)
+        crash_point("publish.flush_chunks", outline.version)
         producer.flush()
     manifest = replace(
         outline,
@@ -264,5 +266,6 @@ def send_version(
         transaction.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
         return manifest
     producer.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
+    crash_point("publish.flush_manifest", outline.version)
     producer.flush()
     return manifest

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.metric_names import EVAL_ACCURACY, EVAL_SECONDS
 from astraflow.runtime.base_checkpoint import base_checkpoint_path
 from astraflow.runtime.context import ComponentContext
@@ -81,6 +82,7 @@ class Evaluator:
         self.last_evaluated = version
         self.ctx.metric(EVAL_ACCURACY, accuracy, version, policy=self.policy)
         self.ctx.metric(EVAL_SECONDS, time.perf_counter() - started, version, policy=self.policy)
+        crash_point("evaluator.flush_accuracy", version)
         self.ctx.producer.flush()
         logger.info("version %d: held-out accuracy %.3f", version, accuracy)
         return accuracy
@@ -112,6 +114,7 @@ class Evaluator:
             logger.exception("evaluating version %d failed", version)
             self.last_evaluated = version
             self.ctx.dead_letter(None, f"evaluation of version {version} failed: {type(exc).__name__}: {exc}", exc)
+            crash_point("evaluator.flush_dead_letter", version)
             self.ctx.producer.flush()
 
     def _final(self, follower) -> None:

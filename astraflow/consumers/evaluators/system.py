@@ -19,6 +19,7 @@ import threading
 import time
 
 from astraflow.consumers.evaluators.policy import FINAL_WAIT_S, settle
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import ConfigError
 from astraflow.core.metric_names import eval_system
 from astraflow.runtime.base_checkpoint import base_checkpoint_path
@@ -77,6 +78,7 @@ class SystemEvaluator:
         label = ",".join(f"{policy}={version}" for policy, version in self.versions.items())
         for name, value in vars(result).items():
             self.ctx.metric(eval_system(name), value, self.versions[a.policy], versions=label)
+        crash_point("system_evaluator.flush_figures", label)
         self.ctx.producer.flush()
         logger.info(
             "versions %s: alone %.3f, judged %.3f, majority %.3f (pass@k %.3f, judge %.3f)",
@@ -122,6 +124,7 @@ class SystemEvaluator:
             logger.exception("system evaluation of versions %s failed", self.versions)
             reason = f"system evaluation of versions {self.versions} failed: {type(exc).__name__}: {exc}"
             self.ctx.dead_letter(None, reason, exc)
+            crash_point("system_evaluator.flush_dead_letter")
             self.ctx.producer.flush()
 
     def _final(self, followers: dict) -> None:

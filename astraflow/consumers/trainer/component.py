@@ -58,6 +58,7 @@ import time
 from typing import TYPE_CHECKING
 
 from astraflow.consumers.trainer.batch_assembler import BatchAssembler, policy_examples, recall_trained
+from astraflow.consumers.trainer.figures import version_figures
 from astraflow.consumers.trainer.ledger import TrainerLedger, consumed_ranges
 from astraflow.consumers.trainer.rank_learner import build_rank_learner, check_restored, restore_leader
 from astraflow.consumers.trainer.sample_checks import sample_problem, stale_feedback, stale_groups
@@ -156,6 +157,7 @@ class Trainer:
         try:
             self._commit_version("start", [], full=True)
             ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
+            crash_point("trainer.flush_start", version)
             ctx.producer.flush()
             waited = 0.0
             while not stop.is_set():
@@ -219,9 +221,11 @@ class Trainer:
             self.transactions.send(ctx.topics.ledger(self.policy), ctx.codec.encode(entry), key=str(version).encode())
             for stats in self.stale_feedback:
                 self.transactions.send(ctx.topics.feedback(), ctx.codec.encode(stats), key=stats.prompt_id.encode())
+            crash_point("trainer.send_offsets", version)
             self.transactions.send_offsets(
                 self.consumer, {TopicPartition(topic, p): offset for p, offset in self.offsets.items()}
             )
+            crash_point("trainer.commit", version)  # the version, its ledger entry and offsets: all or nothing
             self.transactions.commit()
             self.ledger.note(entry)
         except FencedError as exc:
@@ -321,21 +325,11 @@ class Trainer:
         self.trained_samples += len(batch)
         self._advance(taken)
         self._commit_version("step", [sample.sample_id for sample in batch])
-        changed = self.publisher.last_stats.changed / max(self.publisher.last_stats.elements, 1)
-        figures = {
-            "loss": stats.loss,
-            "grad_norm": stats.grad_norm,
-            "step_seconds": stats.seconds,
-            "wait_seconds": waited,
-            "staleness_max": max(staleness),
-            "samples": self.trained_samples,
-            "weights_bytes": self.publisher.last_stats.total_bytes,
-            "weights_changed_fraction": changed,
-            **stats.loss_stats,
-        }
+        figures = version_figures(stats, waited, staleness, self.trained_samples, self.publisher.last_stats)
         for name, value in figures.items():
             ctx.metric(train_metric(name), value, version, policy=self.policy)
         ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
+        crash_point("trainer.flush_metrics", version)
         ctx.producer.flush()
         logger.info(
             "version %d: loss %.4f, grad norm %.3f, %d samples, %.2f s",
@@ -352,7 +346,9 @@ class Trainer:
         topic = self.ctx.topics.samples(self.policy)
         self.transactions.begin()
         partitions = [tp for tp in self.consumer.assignment() if tp.topic == topic]
+        crash_point("trainer.fence_send_offsets", self.learner.version)
         self.transactions.send_offsets(self.consumer, {tp: self.committed.get(tp.partition, 0) for tp in partitions})
+        crash_point("trainer.fence_commit", self.learner.version)
         self.transactions.commit()
         self._checkpoint(published_full)
 
@@ -369,6 +365,7 @@ class Trainer:
             tmp = self.checkpoints.begin(state.version)
             self.commands.send("checkpoint", directory=str(tmp))
             self.learner.backend.save_shards(tmp)
+            crash_point("trainer.sharded_checkpoint_commit", state.version)
             self.checkpoints.commit(tmp, state)
         else:
             self.checkpoints.save(self.learner.backend.model_state, self.learner.optimizer, state)
@@ -395,4 +392,5 @@ class Trainer:
             ctx.dead_letter(message, f"batch skipped: {error}", error)
         self._advance(taken)
         ctx.metric(TRAIN_SKIPPED_STEPS, self.skipped_steps, self.learner.version, policy=self.policy)
+        crash_point("trainer.flush_skipped", self.learner.version)
         ctx.producer.flush()

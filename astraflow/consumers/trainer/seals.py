@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from astraflow.config import RunConfig
+from astraflow.core.crashpoints import crash_point
 from astraflow.training.checkpoint import version_dir
 from astraflow.weights.publish import WeightPublisher, signer_for
 from astraflow.weights.seal import SEAL_FILE, check_seal, make_seal, state_digest
@@ -44,11 +45,15 @@ class CheckpointSeals:
         tmp = directory / f"{SEAL_FILE}.tmp"
         with tmp.open("wb") as handle:
             handle.write(data)
+            crash_point("seal.flush", version)
             handle.flush()
+            crash_point("seal.fsync_file", version)
             os.fsync(handle.fileno())
+        crash_point("seal.rename", version)
         os.rename(tmp, directory / SEAL_FILE)
         descriptor = os.open(directory, os.O_RDONLY)
         try:
+            crash_point("seal.fsync_directory", version)
             os.fsync(descriptor)
         finally:
             os.close(descriptor)

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import LogError
 from astraflow.log.base import Consumer, Message, OffsetReset, TopicPartition
 from astraflow.log.embedded import store
@@ -112,6 +113,7 @@ class EmbeddedConsumer(Consumer):
             offsets = {tp: self._positions[tp] for tp in self._assigned if tp in self._positions}
         if not offsets:
             return
+        crash_point("embedded.commit_offsets", group_id)
         rejected = self._store.write(lambda conn: self.commit_in(conn, offsets))
         if rejected:
             names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in rejected)

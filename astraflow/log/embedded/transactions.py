@@ -30,6 +30,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import DeliveryError, FencedError, LogError, TransactionAbortedError
 from astraflow.log.base import Consumer, TopicPartition, TransactionalProducer
 from astraflow.log.embedded import store
@@ -44,6 +45,7 @@ class EmbeddedTransactionalProducer(TransactionalProducer):
     def __init__(self, path: Path, transactional_id: str) -> None:
         self._store = store.Store(path)
         self._id = transactional_id
+        crash_point("embedded.fence_predecessor", transactional_id)  # the epoch bump that fences an older producer
         self._epoch = self._store.write(self._bump)
         self._appender = Appender()
         self._records: list[Pending] | None = None
@@ -85,6 +87,7 @@ class EmbeddedTransactionalProducer(TransactionalProducer):
         offsets, self._records, self._offsets = self._offsets, None, []
         nbytes = sum(record.size for record in records)
         try:
+            crash_point("embedded.commit_transaction", self._id)
             self._store.write(lambda conn: self._commit(conn, records, offsets), timeout, nbytes)
         except (FencedError, DeliveryError, TransactionAbortedError):
             raise
@@ -121,6 +124,7 @@ class EmbeddedTransactionalProducer(TransactionalProducer):
                 raise TransactionAbortedError(
                     f"transaction of {self._id!r} aborted: its consumer no longer owns {names} in its group"
                 )
+        crash_point("embedded.commit_written", self._id)  # all written, the SQL COMMIT not yet made
 
     def _bump(self, conn: sqlite3.Connection) -> int:
         conn.execute(

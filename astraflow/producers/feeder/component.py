@@ -72,6 +72,7 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError, TransactionAbortedError
 from astraflow.core.metric_names import FEEDER_SKIPPED, FEEDER_SUBMITTED
 from astraflow.episodes.workflows.factory import build_run_workflow
@@ -313,6 +314,7 @@ class TaskFeeder:
                 if sent:
                     ctx.metric(FEEDER_SUBMITTED, self.submitted, max(version, 0))
                     ctx.metric(FEEDER_SKIPPED, self.skipped, max(version, 0), curator=self.curator.name)
+                    crash_point("feeder.flush_metrics", self.submitted)
                     ctx.producer.flush()
                     logger.info("submitted %d tasks (total %d, version %d)", sent, self.submitted, version)
                 slowest = min(followers, key=lambda policy: versions[policy])
@@ -350,6 +352,7 @@ class TaskFeeder:
         try:
             producer.begin()
             outbox.write(producer)
+            crash_point("feeder.commit", self.submitted)  # the round's tasks (and its dead letters)
             producer.commit()
         except TransactionAbortedError as exc:
             logger.warning("the log aborted a round of %d tasks; it is decided again: %s", sent, exc)

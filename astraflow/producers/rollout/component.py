@@ -52,6 +52,7 @@ import time
 
 import numpy as np
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError, RecordTooLargeError
 from astraflow.core.metric_names import (
     ROLLOUT_BUSY_SECONDS,
@@ -137,7 +138,9 @@ class RolloutProducer:
                 if tasks:
                     self._produce(tasks, followers)
                 if batch.messages:
+                    crash_point("rollout.commit_batch")
                     batches.commit(batch)
+                    crash_point("rollout.flush_metrics")
                     ctx.producer.flush()  # the batch's metrics
         finally:
             for follower in followers.values():

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import FencedError, TransactionAbortedError
 from astraflow.log import Message, TopicPartition, TransactionalProducer
 from astraflow.runtime.context import ComponentContext
@@ -124,7 +125,9 @@ class TaskBatches:
         producer.begin()
         if outbox is not None:
             outbox.write(producer)
+        crash_point("rollout.send_offsets", after)
         producer.send_offsets(self._consumer, {TopicPartition(self._topic, partition): after})
+        crash_point("rollout.commit", after)  # the task's trajectories and its offset: all or nothing
         producer.commit()
 
     def _redo(self, partition: int) -> None:

@@ -13,6 +13,7 @@ from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
 from astraflow.config import KafkaSecurity
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError
 
 
@@ -73,6 +74,7 @@ class QuiescentConsumer(AIOKafkaConsumer):
         async with self.processing:
             if self.before_commit is not None:
                 await self.before_commit()
+            crash_point("faust.commit")  # the transactions of the partitions' outputs, table and offsets
             return await super().commit(topics, start_new_transaction=start_new_transaction)
 
     def abandon(self, timeout: float = 10.0) -> None:

@@ -1,18 +1,16 @@
 """The faust stream runtime: the configured pipeline as a faust agent on Kafka, exactly once.
 
-One faust app per policy, with one agent on ``{run}.trajectories.{policy}``. Its app id, and so
-its consumer group, is the native runtime's, ``{run}.stream.{policy}``: tools that read the stream
-processor's committed offsets (``audit``, ``replay``) find them whichever runtime ran, and a run
-switched from one runtime to the other resumes where the first committed. Each keeps its
-half-filled groups in its own changelog, which the other does not read, so a group half full at a
-switch ends incomplete (its later members time out). The two cannot run in one group at the same
-time (Kafka refuses a member whose assignment protocol differs). Records are read and written as
-raw bytes: the project's Avro codec decodes and encodes them (``streams.processing``, shared with
-the native runtime). Half-filled groups, and the state of the stateful operators of each input
-partition's own pipeline (reward statistics, a replay buffer...), live in the faust table
-``pending`` (``faust_table``), whose changelog topic ``{app id}-pending-changelog`` lets a
-restarted or rebalanced worker resume them. A (re)started worker waits about 10 s at the end of
-restoring it: that is how faust recognises the end of a changelog written in transactions.
+One faust app per policy, with one agent on ``{run}.trajectories.{policy}``. Its app id, and so its consumer
+group, is the native runtime's, ``{run}.stream.{policy}``: tools that read the stream processor's committed
+offsets (``audit``, ``replay``) find them whichever runtime ran, and a run switched from one runtime to the other
+resumes where the first committed. Each keeps its half-filled groups in its own changelog, which the other does
+not read, so a group half full at a switch ends incomplete (its later members time out). The two cannot run in
+one group at the same time (Kafka refuses a member whose assignment protocol differs). Records are read and
+written as raw bytes, decoded and encoded by the project's Avro codec (``streams.processing``, shared with the
+native runtime). Half-filled groups, and the state of the stateful operators of each input partition's own
+pipeline (reward statistics, a replay buffer...), live in the faust table ``pending`` (``faust_table``), whose
+changelog topic ``{app id}-pending-changelog`` lets a restarted or rebalanced worker resume them. A (re)started
+worker waits about 10 s at the end of restoring it: how faust recognises the end of a transactional changelog.
 
 Why transactions. A restarted worker must neither lose a group nor emit one twice. Faust's own
 commit runs on a timer, concurrently with the agent, and faust's ``exactly_once`` mode only puts
@@ -41,13 +39,12 @@ worker with the error; the restarted worker reads the record again. Not supporte
 ``offline`` mixers (they read another topic; use the native runtime). Each record's groups are
 emitted as they complete, so an ordering operator sees the groups of one record at a time.
 
-Two guards against faust-streaming itself. Around an assignment faust can leave records out of
-the agent's stream; the agent knows the next offset of each partition it must handle (the
-group's committed offset when assigned) and reads any records it skipped from the log, handling
-them in order before the record that revealed the gap (``_recover_skipped``). Left out, they
-were lost, and faust never committed the partition again: the broker aborted the open
-transaction after 60 s and the worker hung, fenced. And a worker whose acked records stay
-uncommitted for ``STALL_LIMIT_S`` fails, so the launcher restarts it (``_watch_commits``).
+Two guards against faust-streaming itself. Around an assignment faust can leave records out of the agent's
+stream; the agent knows the next offset of each partition it must handle (the group's committed offset when
+assigned) and reads any records it skipped from the log, handling them in order before the record that revealed
+the gap (``_recover_skipped``). Left out, they were lost, and faust never committed the partition again: the
+broker aborted the open transaction after 60 s and the worker hung, fenced. And a worker whose acked records
+stay uncommitted for ``STALL_LIMIT_S`` fails, so the launcher restarts it (``_watch_commits``).
 """
 
 from __future__ import annotations
@@ -62,6 +59,7 @@ from typing import Any
 import faust
 from faust.types import TP
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import ConfigError, WeightFollowerError
 from astraflow.core.metric_names import STREAM_FAUST_SKIPPED_RECORDS
 from astraflow.log import Consumer, Message, TopicPartition
@@ -238,6 +236,7 @@ class FaustStreamProcessor(GroupProcessor):
             for partition, pipeline in self.pipelines.items():
                 for index, operator in pipeline.stateful():
                     self.table.put_state(partition, index, operator.name, operator.state_dict())
+            crash_point("faust.flush_table")
             self.table.flush()
             await self._send_outbox(app)
 
@@ -263,6 +262,7 @@ class FaustStreamProcessor(GroupProcessor):
                 if self.emitted and stream.channel.empty():
                     # outputs wait for nothing more that has arrived: commit them now, not at the next timer
                     self.emitted = False
+                    crash_point("faust.commit_settled")
                     await app.consumer.commit()
                 await asyncio.sleep(0)  # sends rarely suspend: let faust's commit timer and fetcher run
 

@@ -70,6 +70,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import ConfigError, TransactionAbortedError
 from astraflow.core.metric_names import STREAM_REWINDS
 from astraflow.log import Consumer, Message, TopicPartition
@@ -173,12 +174,15 @@ class NativeStreamProcessor(GroupProcessor):
             messages = consumer.poll(max_records=POLL_RECORDS, timeout=0.5)
             self._sync(consumer)
             if not messages and not any(state.restored for state in self.states.values()):
+                crash_point("stream.flush_metrics", version)
                 self.ctx.producer.flush()  # the metrics of the last poll, while the log is idle
                 continue
             self.transactions.begin()
             polled = {TopicPartition(self.source, message.partition) for message in messages}
+            crash_point("stream.send_offsets", version)
             self.transactions.send_offsets(consumer, {tp: consumer.position(tp) for tp in polled})
             self._handle(messages, version)
+            crash_point("stream.commit", version)  # the poll's samples, feedback, changelog and offsets
             self.transactions.commit()
             for state in self.states.values():
                 state.changelog.committed()
