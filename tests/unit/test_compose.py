@@ -129,3 +129,136 @@ def test_no_port_is_published_beyond_loopback() -> None:
     published = [(name, port) for name, service in SERVICES.items() for port in service.get("ports", [])]
     assert published
     assert [(name, port) for name, port in published if not str(port).startswith("127.0.0.1:")] == []
+
+
+# --- docker-compose.secure.yml: which service can read which secret ---
+
+SECURE: dict[str, dict] = yaml.safe_load((REPO / "docker-compose.secure.yml").read_text())["services"]
+ALL_SECRETS = "security"
+"""The volume with every password, the CA key and the node key."""
+TRUSTED = {"security", "kafka", "kafka-2", "kafka-3", "quotas"}
+"""What may mount it: the one shot that writes it, the nodes (their key, the format's SCRAM credentials) and
+the quotas one shot (Kafka's tools as admin)."""
+ROLE_OF = {"grant": "admin", "analysis": "analysis"}
+"""Services that are not components, by the principal they log in as."""
+
+
+def secure_mounts(name: str) -> dict[str, tuple[str, bool]]:
+    """Container path -> (volume, read only) of a service of the secure stack: the plain file's volumes with
+    the secure file's over them (compose merges a service's volumes by container path)."""
+    found = {}
+    for volume in [*SERVICES.get(name, {}).get("volumes", []), *SECURE.get(name, {}).get("volumes", [])]:
+        source, target, *mode = volume.split(":")
+        found[target] = (source, mode == ["ro"])
+    return found
+
+
+def secret_volumes(name: str) -> dict[str, str]:
+    """Volume -> container path of the secret volumes (``security``, ``security-<principal>``) a service mounts."""
+    return {source: target for target, (source, _) in secure_mounts(name).items() if source.startswith(ALL_SECRETS)}
+
+
+def secure_options(words: list[str]) -> dict[str, str]:
+    return {word: words[i + 1] for i, word in enumerate(words[:-1]) if word.startswith("--")}
+
+
+def test_every_secure_service_is_known() -> None:
+    """A service added to the secure stack is placed here: trusted with every secret, or a principal's."""
+    from astraflow.config.log import COMPONENT_ROLES
+
+    running = set(SERVICES) | set(SECURE)
+    unplaced = {
+        name for name in running if secret_volumes(name) and name not in TRUSTED | set(ROLE_OF) | set(COMPONENT_ROLES)
+    }
+    assert unplaced == set()
+
+
+@pytest.mark.parametrize("service", ["feed", "rollout", "stream", "train", "evaluate", "grant", "analysis"])
+def test_a_secure_service_mounts_its_own_principals_secrets_only_read_only(service: str) -> None:
+    from astraflow.config.log import COMPONENT_ROLES
+
+    principal = ROLE_OF.get(service) or COMPONENT_ROLES[service]
+    assert secret_volumes(service) == {f"security-{principal}": "/security"}
+    assert secure_mounts(service)["/security"] == (f"security-{principal}", True)
+    if "command" in SECURE[service]:
+        assert secure_options(SECURE[service]["command"])["--security"] == "/security/log-security.yaml"
+
+
+def test_only_the_trusted_services_mount_every_secret_and_each_role_volume_has_one_principal() -> None:
+    from astraflow.config.log import COMPONENT_ROLES
+
+    services = set(SERVICES) | set(SECURE)
+    assert {name for name in services if ALL_SECRETS in secret_volumes(name)} == TRUSTED
+    for name in services - {"security"}:
+        assert len(secret_volumes(name)) <= 1, f"{name} mounts the secrets of several principals"
+    readers: dict[str, set[str]] = {}
+    for name in services - TRUSTED:
+        for volume in secret_volumes(name):
+            readers.setdefault(volume, set()).add(ROLE_OF.get(name) or COMPONENT_ROLES[name])
+    assert all(len(principals) == 1 for principals in readers.values()), readers
+
+
+def test_the_security_one_shot_fills_each_role_volume_for_the_mount_the_services_use() -> None:
+    from astraflow.infra.broker.secure import PRINCIPALS
+
+    service = SECURE["security"]
+    options = secure_options(service["command"])
+    roles = options["--roles"].split(",")
+    assert set(roles) <= set(PRINCIPALS)
+    written = {source: target for source, target in secret_volumes("security").items() if source != ALL_SECRETS}
+    assert written == {f"security-{role}": f"{options['--roles-out']}/{role}" for role in roles}
+    assert options["--role-mount"] == "/security"
+    assert not any(read_only for _, read_only in secure_mounts("security").values())
+    declared = set(yaml.safe_load((REPO / "docker-compose.secure.yml").read_text())["volumes"])
+    assert set(written) <= declared
+    mounted = {volume for name in set(SECURE) - {"security"} for volume in secret_volumes(name)} - {ALL_SECRETS}
+    assert mounted <= set(written), f"mounted but never written: {mounted - set(written)}"
+
+
+def test_the_security_one_shot_writes_a_directory_per_role_with_that_roles_password_alone(tmp_path: Path) -> None:
+    import stat
+
+    from typer.testing import CliRunner
+
+    from astraflow.cli import app
+    from astraflow.config.log import load_security
+    from astraflow.infra.broker.secure import PRINCIPALS, ROLE_SECURITY, SecurityFiles
+
+    words = SECURE["security"]["command"]
+    options = secure_options(words)
+    given = {"--out": str(tmp_path / "security"), "--roles-out": str(tmp_path / "roles")}
+    # into tmp_path, not the volumes' paths; without --owner, which needs root
+    args = [given[words[i - 1]] if i and words[i - 1] in given else word for i, word in enumerate(words)]
+    args = [word for i, word in enumerate(args) if "--owner" not in (word, args[i - 1] if i else "")]
+    assert all(str(tmp_path) in args[args.index(option) + 1] for option in given)
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output + repr(done.exception)
+    files = SecurityFiles(tmp_path / "security")
+    for role in options["--roles"].split(","):
+        directory = tmp_path / "roles" / role
+        assert sorted(path.name for path in directory.iterdir()) == sorted(
+            [f"{role}.password", "ca.pem", ROLE_SECURITY]
+        )
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert stat.S_IMODE((directory / f"{role}.password").stat().st_mode) == 0o600
+        assert (directory / f"{role}.password").read_text().strip() == files.password(role)
+        others = [files.password(p) for p in PRINCIPALS if p != role]
+        assert not any(secret in path.read_text() for path in directory.iterdir() for secret in others)
+        security = load_security(directory / ROLE_SECURITY)
+        assert security.role_credentials == "/security" and security.ca_file == "/security/ca.pem"
+
+
+def test_the_quotas_one_shot_gives_each_role_its_defaults_once_the_nodes_are_healthy() -> None:
+    from astraflow.infra.broker.acls import DEFAULT_QUOTAS, QUOTAS_FILE, parse_quota, quota_lines
+
+    quotas = SECURE["quotas"]
+    assert quotas["image"] == SECURE.get("kafka", {}).get("image", SERVICES["kafka"]["image"])
+    script = " ".join(quotas["entrypoint"])
+    for part in (f"/security/{QUOTAS_FILE}", "--command-config /security/admin-client.properties", "--add-config"):
+        assert part in script
+    assert all(quotas["depends_on"][node]["condition"] == "service_healthy" for node in KAFKA_NODES)
+    for component in ["feed", "rollout", "stream", "train", "evaluate"]:
+        assert SECURE[component]["depends_on"]["quotas"]["condition"] == "service_completed_successfully"
+    lines = quota_lines(DEFAULT_QUOTAS).splitlines()  # what the script reads: `PRINCIPAL key=value,...`
+    parsed = [parse_quota(":".join(line.split(" ", 1))) for line in lines]
+    assert {principal: quota for change in parsed for principal, quota in change.items()} == DEFAULT_QUOTAS

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from astraflow.cli import app
-from astraflow.config.log import load_security
+from astraflow.config.log import COMPONENT_ROLES, load_security
 from astraflow.infra.broker.container import ADMIN_CLIENT, FORMAT_ARGS, LOG_SECURITY, PROPERTIES
 from astraflow.infra.broker.local import LocalKafkaBroker
 from astraflow.infra.broker.secure import PRINCIPALS, SecurityFiles
@@ -130,7 +130,8 @@ def test_components_log_in_by_role_after_the_grant(merged: dict[str, dict], comp
     service = merged[component]
     assert service["command"] == BASE[component]["command"] + SECURITY_ARG
     assert service["depends_on"]["grant"]["condition"] == "service_completed_successfully"
-    assert mounts(service)[VOLUME] == ("security", True)
+    assert mounts(service)[VOLUME] == (f"security-{COMPONENT_ROLES[component]}", True)  # its role's secrets alone
+    assert "security" not in {volume for volume, _ in mounts(service).values()}
 
 
 def test_the_grant_runs_as_admin_once_the_nodes_are_healthy(merged: dict[str, dict]) -> None:

@@ -252,3 +252,50 @@ def test_a_security_file_is_a_run_config_or_the_section_alone_and_its_mistakes_a
         bad.write_text(text)
         with pytest.raises(ConfigError, match=named):
             load_security(bad)
+
+
+def test_broker_credentials_gives_a_role_a_directory_of_its_own_that_logs_in_only_that_role(tmp_path: Path) -> None:
+    """``astraflow broker credentials``: a component given only its role's directory logs in as its role
+    (``role_credentials`` reads ``<principal>.password`` alone); any other role's login fails naming the
+    file it lacks, and no other secret of the home (passwords, CA key, node key) is in it."""
+    from typer.testing import CliRunner
+
+    from astraflow.cli import app
+    from astraflow.config.log import load_security
+    from astraflow.infra.broker.secure import PRINCIPALS, ROLE_SECURITY, SecurityFiles
+
+    home = tmp_path / "home"
+    files = SecurityFiles(home / "security").make()
+    out = tmp_path / "feeder-only"
+    done = CliRunner().invoke(app, ["broker", "credentials", "feeder", "--home", str(home), "--out", str(out)])
+    assert done.exit_code == 0, done.output + repr(done.exception)
+    assert sorted(path.name for path in out.iterdir()) == sorted(["feeder.password", "ca.pem", ROLE_SECURITY])
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert stat.S_IMODE((out / "feeder.password").stat().st_mode) == 0o600
+    assert (out / "ca.pem").read_bytes() == files.ca.read_bytes()
+    everything = b"".join(path.read_bytes() for path in out.iterdir())
+    secrets = [files.password(p).encode() for p in PRINCIPALS if p != "feeder"] + [files.ca_key.read_bytes()]
+    assert not any(secret in everything for secret in secrets)
+
+    security = load_security(out / ROLE_SECURITY)
+    assert security.client_config("feed")["sasl.password"] == files.password("feeder")
+    assert security.client_config("feed")["ssl.ca.location"] == str(out.resolve() / "ca.pem")
+    for component, principal in (("train", "trainer"), ("rollout", "producer"), (None, "admin")):
+        with pytest.raises(ConfigError, match=f"cannot read .*feeder-only/{principal}.password"):
+            security.client_config(component)
+
+    mounted = CliRunner().invoke(
+        app, ["broker", "credentials", "feeder", "--home", str(home), "--out", str(out), "--mount", "/security"]
+    )
+    assert mounted.exit_code == 0 and load_security(out / ROLE_SECURITY).role_credentials == "/security"
+    for args, problem in (
+        (["trainer", "--out", str(out)], "holds feeder.password: a role's directory must hold its own password only"),
+        (["nobody", "--out", str(tmp_path / "x")], "no principal 'nobody'"),
+        (["feeder", "--out", str(files.directory)], "is the broker's security directory"),
+    ):
+        refused = CliRunner().invoke(app, ["broker", "credentials", *args, "--home", str(home)])
+        assert refused.exit_code != 0 and problem in str(refused.exception), (args, refused.exception)
+    missing = CliRunner().invoke(
+        app, ["broker", "credentials", "feeder", "--home", str(tmp_path / "none"), "--out", str(tmp_path / "y")]
+    )
+    assert "no secure broker made" in str(missing.exception)

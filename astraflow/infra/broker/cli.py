@@ -30,6 +30,19 @@ JarsOpt = Annotated[
     typer.Option("--jars", help="Folder that caches the jars (default: the default home, shared by every --home)."),
 ]
 
+QuotaOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--quota",
+        metavar="PRINCIPAL:KEY=VALUE,...",
+        help=(
+            "Set these client quotas of PRINCIPAL (repeatable): producer_byte_rate, consumer_byte_rate (bytes a"
+            " second, per broker), request_percentage (of one broker thread's time); KEY= removes one."
+            " E.g. producer:producer_byte_rate=16777216."
+        ),
+    ),
+]
+
 _NOT_RUNNING = 3
 """Exit code of ``status`` when no broker runs, as for LSB init scripts."""
 
@@ -94,18 +107,27 @@ def start(
             ),
         ),
     ] = False,
+    quota: QuotaOpt = None,
 ) -> None:
-    """Fetch the jars (first time), format the storage (first time), start the broker detached."""
+    """Fetch the jars (first time), format the storage (first time), start the broker detached; a secure one
+    then gets client quotas per role (each role that has none yet: its defaults; --quota: those given)."""
     from rich.console import Console
 
     from astraflow.core.errors import BrokerError
+    from astraflow.infra.broker.acls import parse_quotas
 
     console = Console()
     try:
+        changes = parse_quotas(quota or [])
         cluster = _cluster(home, nodes, port, jars, secure)
         broker = cluster or _broker(home, port, controller_port, jars, secure)
+        if changes and broker.security is None:
+            raise BrokerError("--quota needs a secure broker (--secure): quotas are per principal")
         with console.status(f"starting Kafka {broker.version} in {broker.home} ..."):
             broker.start(timeout=timeout)
+        if broker.security is not None:
+            with console.status("setting the client quotas per role ..."):
+                _set_quotas(broker, fill=True, replace=changes)
     except BrokerError as exc:
         console.print(f"[red]broker failed:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from exc
@@ -120,8 +142,8 @@ def start(
         files = broker.security
         console.print(
             f"secure: SASL_SSL, SCRAM-SHA-512; CA {files.ca}; one password file per principal in {files.directory}"
-            " (admin, feeder, producer, stream, trainer, evaluator, analysis); a run's config names its principal in"
-            " log.security",
+            " (admin, feeder, producer, stream, trainer, evaluator, scaler, analysis); a run's config names its"
+            " principal in log.security; client quotas per role (`astraflow broker quotas` shows and changes them)",
             highlight=False,
         )
 
@@ -224,6 +246,69 @@ def _admin_of(configured, security_file: Optional[Path]) -> dict[str, str]:
     return security.client_config()
 
 
+@broker_app.command()
+def quotas(
+    home: HomeOpt = None,
+    quota: QuotaOpt = None,
+    defaults: Annotated[
+        bool, typer.Option("--defaults", help="Give every role its default quotas again (before any --quota).")
+    ] = False,
+) -> None:
+    """Show, and with --quota or --defaults change, the client quotas per principal of a home's secure broker:
+    how fast each may write and read, so that one cannot starve the others (astraflow/infra/broker/acls.py)."""
+    from astraflow.core.errors import BrokerError
+    from astraflow.infra.broker.acls import DEFAULT_QUOTAS, merged_quotas, parse_quotas
+
+    changes = parse_quotas(quota or [])
+    broker = _cluster(home) or _broker(home)
+    if not broker.status().running:
+        raise BrokerError(f"the broker in {broker.home} is not running: `astraflow broker start --home {broker.home}`")
+    described = _set_quotas(broker, fill=False, replace=merged_quotas(DEFAULT_QUOTAS if defaults else {}, changes))
+    for principal, values in described.items():
+        typer.echo(f"{principal:<10} " + "  ".join(f"{key}={value:.15g}" for key, value in values.items()))
+
+
+def _set_quotas(broker: "LocalKafkaBroker | LocalKafkaCluster", fill: bool, replace: dict) -> dict:
+    """Set (``acls.set_quotas``) on ``broker``: with ``fill`` each role's defaults where it has none, and
+    ``replace``; every principal's quotas afterwards."""
+    from astraflow.core.errors import BrokerError
+    from astraflow.infra.broker.acls import DEFAULT_QUOTAS, set_quotas
+    from astraflow.infra.broker.cluster import LocalKafkaCluster
+
+    if broker.security is None:
+        raise BrokerError(f"the broker in {broker.home} is not secure (--secure): quotas are per principal")
+    libs = broker.nodes[0].libs_dir if isinstance(broker, LocalKafkaCluster) else broker.libs_dir
+    return set_quotas(libs, broker.bootstrap, broker.security, DEFAULT_QUOTAS if fill else None, replace)
+
+
+@broker_app.command()
+def credentials(
+    principal: Annotated[
+        str, typer.Argument(help="Whose: admin, feeder, producer, stream, trainer, evaluator, scaler or analysis.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory for this principal alone (made mode 0700).")],
+    home: HomeOpt = None,
+    mount: Annotated[
+        Optional[Path], typer.Option("--mount", help="Where the component sees OUT (a mount point), if elsewhere.")
+    ] = None,
+) -> None:
+    """Copy one principal's password (0600) and the CA certificate out of a secure home, with a log-security.yaml
+    that logs in from there: for the OS user or container that runs that role alone (--security
+    OUT/log-security.yaml). No other role's password, the admin's or the node key goes with it."""
+    from astraflow.core.errors import BrokerError
+    from astraflow.infra.broker.local import default_home
+    from astraflow.infra.broker.secure import SecurityFiles
+
+    files = SecurityFiles((home or default_home()).expanduser().resolve() / "security")
+    if not files.directory.is_dir():
+        raise BrokerError(f"no secure broker made {files.directory}: `astraflow broker start --secure --home ...`")
+    written = files.export_role(principal, out, mount)
+    typer.echo(
+        f"{principal}: {principal}.password (0600) and {files.ca.name} in {out} (0700); its components take"
+        f" --security {(mount or out.resolve()) / written.name}"
+    )
+
+
 @broker_app.command("secure-config")
 def secure_config(
     out: Annotated[Path, typer.Option("--out", help="Directory to write into (the compose stack's security volume).")],
@@ -254,13 +339,32 @@ def secure_config(
     data_dir: Annotated[str, typer.Option("--data-dir", help="The nodes' log.dirs.")] = "/var/lib/kafka/data",
     owner: Annotated[
         Optional[str],
-        typer.Option("--owner", help="UID:GID to hand every file to: the user the Kafka image runs as (1000:1000)."),
+        typer.Option("--owner", help="UID:GID to hand OUT's files to: the user the Kafka image runs as (1000:1000)."),
     ] = None,
+    roles_out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--roles-out",
+            help="Also a directory ROLES_OUT/PRINCIPAL per --roles, with only its credentials (`broker credentials`).",
+        ),
+    ] = None,
+    roles: Annotated[
+        Optional[str],
+        typer.Option("--roles", help="With --roles-out: the principals, comma-separated (default: every one)."),
+    ] = None,
+    role_mount: Annotated[
+        Path, typer.Option("--role-mount", help="With --roles-out: where a role's container mounts its directory.")
+    ] = Path("/security"),
 ) -> None:
     """Write the secure nodes' configuration for containers: CA, node certificate, passwords, each node's
-    server.properties (the settings of `broker start --secure`), and what the nodes' format step, their
-    healthcheck and the AstraFlow services read (docker-compose.secure.yml runs it)."""
+    server.properties (the settings of `broker start --secure`), what the nodes' format step, their
+    healthcheck and the AstraFlow services read, and client-quotas.txt, each role's default quotas as
+    kafka-configs.sh takes them (docker-compose.secure.yml runs it). With --roles-out, a directory per role
+    holding only that role's credentials."""
+    from astraflow.core.errors import BrokerError
+    from astraflow.infra.broker.acls import DEFAULT_QUOTAS, QUOTAS_FILE, quota_lines
     from astraflow.infra.broker.container import ContainerNodes, parse_owner, write_secure_config
+    from astraflow.infra.broker.secure import PRINCIPALS
 
     nodes = ContainerNodes(
         hosts=tuple(_names(hosts)),
@@ -272,10 +376,18 @@ def secure_config(
         bind=bind,
         data_dir=data_dir,
     )
+    principals = _names(roles) if roles else list(PRINCIPALS)
+    unknown = [name for name in principals if name not in PRINCIPALS]
+    if unknown or (roles and roles_out is None):
+        raise BrokerError(f"--roles {roles}: with --roles-out, and only of the principals {', '.join(PRINCIPALS)}")
     files = write_secure_config(out, nodes, parse_owner(owner) if owner else None)
+    (files.directory / QUOTAS_FILE).write_text(quota_lines(DEFAULT_QUOTAS))  # 0644: the Kafka image's user reads it
+    for principal in principals if roles_out is not None else []:  # root's: the AstraFlow containers run as root
+        files.export_role(principal, roles_out / principal, role_mount)
     typer.echo(
         f"secure configuration for {', '.join(nodes.hosts)} in {files.directory}: CA, node certificate for"
-        f" {', '.join(files.hosts)}, a password per principal, {len(nodes.hosts)} server.properties"
+        f" {', '.join(files.hosts)}, a password per principal, {len(nodes.hosts)} server.properties, client quotas"
+        + (f"; a directory of its own for {', '.join(principals)} in {roles_out}" if roles_out is not None else "")
     )
 
 

@@ -15,7 +15,9 @@ In ``OUT``:
 - ``admin-client.properties``: the admin's settings for Kafka's command-line tools (the
   healthcheck's ``--command-config``; password: mode 0600);
 - ``log-security.yaml``: the ``log.security`` section of the AstraFlow services, which log in as
-  their roles (``role_credentials``); it names files and holds no secret.
+  their roles (``role_credentials``); it names files and holds no secret;
+- ``client-quotas.txt``: each role's default client quotas (``acls.DEFAULT_QUOTAS``), which the
+  compose stack's ``quotas`` one-shot sets on the cluster (no secret).
 
 It is idempotent: a second run keeps the CA and the passwords (the SCRAM credentials formatted into
 the nodes' storage depend on them) and rewrites the rest.

@@ -9,6 +9,26 @@ in ``HOME/security/`` (mode 0700, every file 0600 but the CA certificate):
 - a random password per principal, ``<principal>.password``, the file a run's
   ``log.security.password_file`` names.
 
+Who needs which file (everything else should be kept from it):
+
+====================  ===========================================================================
+file                  needed by
+====================  ===========================================================================
+``ca.pem``            every client and node: the certificate they trust (public)
+``<role>.password``   the components of that role only (``feed`` -> ``feeder.password``, ...:
+                      ``config.log.COMPONENT_ROLES``)
+``admin.password``    whoever creates topics and grants: ``astraflow run``'s launcher, ``broker
+                      grant``, ``broker quotas``
+``node.pem``          the broker nodes only (their key: whoever holds it is the super user
+                      ``kafka-node``)
+``ca.key``            nothing that runs: only making or re-issuing ``node.pem`` (``make``)
+====================  ===========================================================================
+
+Locally all of them belong to the OS user who started the broker. To give a component only its own,
+``astraflow broker credentials ROLE --out DIR`` (``SecurityFiles.export_role``) copies its password
+and ``ca.pem`` into a directory of their own, with a ``log-security.yaml`` naming them, for another
+OS user or a container to be given; the compose stack mounts one such directory per service.
+
 Listeners, on 127.0.0.1 only:
 
 - the client port: ``SASL_SSL`` with ``SCRAM-SHA-512``; the principal is the SCRAM user;
@@ -46,6 +66,8 @@ NODE = "kafka-node"
 PRINCIPALS = (ADMIN, *ROLES)
 """``admin`` and the component roles, one SCRAM user each."""
 LOOPBACK = ("localhost", "127.0.0.1")
+ROLE_SECURITY = "log-security.yaml"
+"""In a role's own directory (``SecurityFiles.export_role``): the ``log.security`` that logs in from it."""
 _VALIDITY = datetime.timedelta(days=3650)
 _JAAS = "org.apache.kafka.common.security.scram.ScramLoginModule required"
 
@@ -242,6 +264,39 @@ class SecurityFiles:
             "role_credentials": str(self.directory),
             "ca_file": str(self.ca),
         }
+
+    def export_role(self, principal: str, out: Path, mounted_at: Path | None = None) -> Path:
+        """Copy what ``principal``'s components need into ``out`` and nothing else: its password
+        (0600), ``ca.pem``, and a ``log-security.yaml`` (no secret) that logs them in from there
+        (``role_credentials``, so each component still logs in as its own role and any other fails
+        for want of its password file). ``out`` is made 0700; ``mounted_at`` is where the component
+        will see it (a container's mount point), if not at ``out``. Returns the YAML file.
+
+        For a deployment that runs each role as its own OS user or container: a component given
+        only its role's directory cannot read another role's password, the admin's or the node key."""
+        import yaml
+
+        if principal not in PRINCIPALS:
+            raise BrokerError(f"no principal {principal!r}: one of {', '.join(PRINCIPALS)}")
+        out = Path(out)
+        if out.resolve() == self.directory.resolve():
+            raise BrokerError(f"{out} is the broker's security directory: give a directory for {principal} alone")
+        password = self.password(principal)
+        if not self.ca.exists():
+            raise BrokerError(f"no CA certificate {self.ca}: start the broker with --secure first")
+        others = sorted(path.name for path in out.glob("*.password") if path.name != f"{principal}.password")
+        if others:
+            raise BrokerError(f"{out} holds {', '.join(others)}: a role's directory must hold its own password only")
+        out.mkdir(parents=True, exist_ok=True)
+        os.chmod(out, 0o700)
+        write_private(out / f"{principal}.password", (password + "\n").encode())
+        (out / self.ca.name).write_bytes(self.ca.read_bytes())
+        os.chmod(out / self.ca.name, 0o644)
+        seen = Path(mounted_at) if mounted_at is not None else out.resolve()
+        security = {**self.role_security(), "role_credentials": str(seen), "ca_file": str(seen / self.ca.name)}
+        (out / ROLE_SECURITY).write_text(yaml.safe_dump(security, sort_keys=False))
+        os.chmod(out / ROLE_SECURITY, 0o644)
+        return out / ROLE_SECURITY
 
     def java_client_properties(self, principal: str) -> dict[str, str]:
         """Java client settings for ``principal`` on the client port, for Kafka's own command-line
