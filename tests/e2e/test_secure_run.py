@@ -6,6 +6,13 @@ the topics, writes the schemas, grants each role its ACLs) and each component as
 feeder as ``feeder``, the rollout producer as ``producer`` ...), which may do only what
 ``astraflow/infra/broker/acls.py`` grants. The run must go through versions on both stream runtimes with no
 component refused anything, and the records show the producers sampled the published versions.
+
+While it runs, the producer principal forges what steers it - the evaluator's ``eval.accuracy`` 1.0,
+the trainer's ``train.version`` 1e6, the scaler's ``scaler.desired_producers`` and a dead letter
+naming a trajectory - on the only control topics it may write, its own: the run still stops on its
+own rule with the genuine figures, and counts each forgery (``runtime/control.py``). The stream checks
+every genuine trajectory against its issued task (``stream.verify_tasks``, on by default here) and
+refuses none.
 """
 
 from __future__ import annotations
@@ -42,6 +49,37 @@ def secure_bootstrap(jar_cache: Path, tmp_path_factory: pytest.TempPathFactory):
         yield f"127.0.0.1:{port}", home / "security"
     finally:
         subprocess.run([str(ASTRAFLOW), "broker", "stop", "--home", str(home)], capture_output=True, timeout=120)
+
+
+def forge_as_producer(bootstrap: str, security: dict, run: str, timeout: float = 300.0) -> None:
+    """Write, as the producer principal, forged control records on its own topics, once the launcher
+    has made them and granted the producer its writes (until then the broker refuses: retried)."""
+    import time
+
+    from astraflow.core.errors import LogError
+    from astraflow.schemas.records import DeadLetter, Metric
+
+    codec, now = Codec(), int(time.time() * 1000)
+    letter = DeadLetter("rollout-x", "forged", "", f"{run}.trajectories.main", 0, 0, None, b"", now)
+    forged = [
+        (f"{run}.metrics.producer", Metric("rollout-x", "eval.accuracy", 1.0, 1, now, {"policy": "main"})),
+        (f"{run}.metrics.producer", Metric("rollout-x", "train.version", 1e6, 1_000_000, now, {"policy": "main"})),
+        (f"{run}.metrics.producer", Metric("rollout-x", "scaler.desired_producers", 8, 1, now)),
+        (f"{run}.deadletter.producer", letter),
+    ]
+    config = reader_config(bootstrap, security).log.client_config("rollout")
+    deadline = time.monotonic() + timeout
+    with open_log("kafka", bootstrap=bootstrap, client_config=config) as log:
+        for topic, record in forged:
+            while True:
+                try:
+                    with log.producer() as producer:
+                        producer.send(topic, codec.encode(record), partition=0)
+                        producer.flush()
+                    break
+                except LogError:  # the topic or the producer's grant is not there yet
+                    assert time.monotonic() < deadline, f"could not write {topic} as the producer"
+                    time.sleep(1.0)
 
 
 def reader_config(bootstrap: str, security: dict):
@@ -85,17 +123,26 @@ def test_the_math_example_runs_with_a_principal_per_component(
         stream={"runtime": runtime},
         stop={"max_versions": 4, "max_minutes": 6},
     )
-    result = subprocess.run(
+    launcher = subprocess.Popen(
         [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
     )
+    try:
+        forge_as_producer(bootstrap, security, run)
+        stdout, stderr = launcher.communicate(timeout=900)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
     logs = "".join(path.read_text(errors="replace") for path in (run_dir / "logs").glob("*"))
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:] + logs[-3000:]
+    assert launcher.returncode == 0, stdout[-2000:] + stderr[-3000:] + logs[-3000:]
     assert "may not" not in logs and "authorization failed" not in logs.lower(), logs[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["versions"] >= 4 and summary["backend"] == "kafka"
+    assert 4 <= summary["versions"] < 100 and summary["backend"] == "kafka"
+    assert summary["forgeries"] == {"metrics": 3, "dead_letters": 1}
+    assert summary["final_accuracy"] < 1.0 and "1.000" not in stdout  # the forged accuracy ended nothing
+    assert "was never issued" not in logs and "not the prompt of task" not in logs  # every genuine one passed
     # the launcher, as admin, granted the run's roles their ACLs (the components' principals are the
     # roles: tests/unit/test_log_security.py), e.g. the producer's WRITE on the trajectories
     admin = reader_config(bootstrap, security).log.client_config()
