@@ -1,7 +1,7 @@
-"""The run monitor: follows every role's ``{run}.metrics.{role}``, keeps ``metrics.jsonl`` and the TensorBoard event
-files (``RUN_DIR/tensorboard``, ``analysis/tensorboard.py``; skipped with a note when tensorboardX
-is not installed), shows the run's progress: the live dashboard on a terminal, otherwise a plain
-line every 10 s (``progress.py``).
+"""The run monitor: follows every role's ``{run}.metrics.{role}``, keeps ``metrics.jsonl`` and the
+TensorBoard event files (``RUN_DIR/tensorboard``, ``analysis/tensorboard.py``; skipped with a note
+when tensorboardX is not installed), shows the run's progress: the live dashboard on a terminal,
+otherwise a plain line every 10 s (``progress.py``).
 
 It is an analysis consumer like any other (no group, nothing committed), so it never slows the
 components. Records/s per topic comes from the topics' end offsets, sampled each refresh.
