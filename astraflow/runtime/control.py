@@ -26,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from astraflow.config.log import ADMIN
+from astraflow.core.errors import clip
 from astraflow.core.metric_names import ROLLOUT_PREFIX, TRAIN_PREFIX
 from astraflow.runtime.attach import AttachedRun, decode_snapshot
 from astraflow.schemas.records import DeadLetter, Metric
+from astraflow.schemas.validation import letter_problem, metric_problem
 
 METRIC_OWNERS = {
     "feeder.": "feeder",
@@ -66,14 +68,19 @@ def metric_owner(name: str) -> str | None:
 
 
 def forged_metric(topic: str, metric: Metric) -> str | None:
-    """Why ``metric``, read from ``topic``, is not its writer's to write, or ``None`` when it is."""
+    """Why ``metric``, read from ``topic``, is not to be believed - malformed (``metric_problem``), or not
+    its writer's to write - or ``None`` when it is."""
+    name = clip(metric.name, 64)
+    problem = metric_problem(metric)
+    if problem is not None:
+        return f"metric {name!r} on {topic}: malformed: {problem}"
     role = writer(topic)
     owner = metric_owner(metric.name)
     if role == ADMIN or owner == role:
         return None
     if owner is None:
-        return f"metric {metric.name!r} on {topic}: no role writes metrics of that name"
-    return f"metric {metric.name!r} on {topic}: only the {owner} role writes {metric.name.split('.')[0]}.* metrics"
+        return f"metric {name!r} on {topic}: no role writes metrics of that name"
+    return f"metric {name!r} on {topic}: only the {owner} role writes {metric.name.split('.')[0]}.* metrics"
 
 
 def topic_kind(run: str, topic: str) -> str | None:
@@ -87,7 +94,11 @@ def topic_kind(run: str, topic: str) -> str | None:
 
 
 def forged_letter(run: str, topic: str, letter: DeadLetter) -> str | None:
-    """Why ``letter``, read from ``topic``, is not its writer's to write, or ``None`` when it is."""
+    """Why ``letter``, read from ``topic``, is not to be believed - malformed (``letter_problem``), or not
+    its writer's to write - or ``None`` when it is."""
+    problem = letter_problem(letter)
+    if problem is not None:
+        return f"dead letter on {topic}: malformed: {problem}"
     role = writer(topic)
     if role == ADMIN:
         return None

@@ -3,6 +3,12 @@
 Every process that reads or writes records opens one (``runtime.context``, ``runtime.attach``): it
 publishes the schemas this package ships and finds, by fingerprint, those another process (an older
 or newer AstraFlow) published.
+
+Any process can write the topic, and every process reads all of it at start: a record that is not a
+schema (bytes that are not UTF-8 or not JSON, JSON nested deeper than Python recurses, an Avro type
+that is no record) or whose key is not its schema's fingerprint is skipped with a warning and its
+reason kept (``rejected``), never raised: one bad record would otherwise stop every component of
+every run on the log at its next start, for as long as compaction keeps it.
 """
 
 from __future__ import annotations
@@ -12,8 +18,8 @@ import threading
 import time
 from typing import Any, Iterable
 
-from astraflow.core.errors import SchemaError
-from astraflow.log.base import Log, TopicPartition, TopicSpec
+from astraflow.core.errors import clip
+from astraflow.log.base import Log, Message, TopicPartition, TopicSpec
 from astraflow.schemas.store import SCHEMA_TOPIC, SchemaStore, WriterSchema, packaged_schemas, writer_schema
 
 logger = logging.getLogger(__name__)
@@ -40,6 +46,8 @@ class LogSchemaStore(SchemaStore):
         self._sync_timeout_s = sync_timeout_s
         self._lock = threading.RLock()
         self._published: set[bytes] = set()
+        self.rejected: list[str] = []
+        """Why each skipped record of the topic was skipped (``"<part>: <problem>"``), in the order read."""
         log.create_topic(TopicSpec(topic, partitions=1, compacted=True))
         self._partitions = [TopicPartition(topic, p) for p in range(log.describe_topic(topic).partitions)]
         self._consumer = log.consumer()
@@ -72,7 +80,7 @@ class LogSchemaStore(SchemaStore):
                     logger.warning("schema topic %s: stopped reading after %.1fs", self._topic, self._sync_timeout_s)
                     break
                 for message in self._consumer.poll(max_records=500, timeout=0.2):
-                    learnt += self._learn(message.value)
+                    learnt += self._learn(message)
             return learnt
 
     def publish(self) -> None:
@@ -97,11 +105,12 @@ class LogSchemaStore(SchemaStore):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _learn(self, value: bytes) -> int:
-        try:
-            schema = writer_schema(value.decode())
-        except (SchemaError, UnicodeDecodeError) as exc:
-            logger.warning("schema topic %s: skipping an unreadable schema record: %s", self._topic, exc)
+    def _learn(self, message: Message) -> int:
+        problem, schema = schema_record(message)
+        if schema is None:
+            where = f"{self._topic}[{message.partition}]@{message.offset}"
+            self.rejected.append(f"{where}: {problem}")
+            logger.warning("schema topic: skipping the record at %s: %s", where, problem)
             return 0
         self._published.add(schema.fingerprint)
         new = schema.fingerprint not in self
@@ -110,3 +119,20 @@ class LogSchemaStore(SchemaStore):
 
     def _where(self) -> str:
         return f"{super()._where()}, nor in the log topic {self._topic}"
+
+
+def schema_record(message: Message) -> tuple[str, WriterSchema | None]:
+    """The schema a record of the schema topic holds, or why it holds none (``"<part>: <problem>"``), for
+    any reader of the topic."""
+    try:
+        text = bytes(message.value).decode()
+    except UnicodeDecodeError as exc:
+        return f"value: not UTF-8 text: {exc}", None
+    try:
+        schema = writer_schema(text)
+    except Exception as exc:  # noqa: BLE001 - anyone's bytes: no failure of one record stops the store
+        return f"schema: {exc}", None
+    key = message.key.decode("ascii", "replace") if message.key is not None else None
+    if key is not None and key != schema.fingerprint.hex():
+        return f"key: {clip(key, 64)!r} is not the schema's fingerprint {schema.fingerprint.hex()}", None
+    return "", schema

@@ -13,6 +13,11 @@ Per-token arrays are Avro ``bytes`` with a custom ``ndarray-*`` logical type. Th
 to and from numpy happens here, in per-record plans compiled once from the packaged schemas,
 rather than in fastavro's global logical-type registry: encoding a record then costs one
 attribute read per field plus fastavro's C writer, and nothing global is changed.
+
+Every way bytes can fail to decode raises ``SchemaError`` naming where: the header (magic, a
+truncated or unknown fingerprint), the record type, or the first field of the body that does not
+read or resolve (``at field <name>``: found by reading ever longer prefixes of the writer's fields,
+only once a read failed), so a dead letter of undecodable bytes says which field broke.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, fields, is_dataclass
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 from typing import Any, Callable, TypeVar, overload
 
 import numpy as np
@@ -274,7 +279,7 @@ class Codec:
             raise SchemaError(f"cannot decode a {_where(writer, data)}: this package ships no such record type")
         plan = _plan(writer.name)
         current = writer.fingerprint == plan.schema.fingerprint
-        record = plan.load(self._read(data, writer, None if current else plan.schema.parsed))
+        record = plan.load(self._read(data, writer, None if current else plan.schema))
         if keep and current:
             record.__dict__[_KEPT] = bytes(data)
         return record
@@ -288,29 +293,35 @@ class Codec:
 
     def writer_of(self, data: bytes) -> WriterSchema:
         """The writer schema named by the header of ``data`` (``UnknownSchemaError`` if unknown)."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise SchemaError(f"expected bytes to decode, got {type(data).__name__}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):  # None: a Kafka record without a value
+            got = "a tombstone, no record" if data is None else f"expected bytes to decode, got {type(data).__name__}"
+            raise SchemaError(f"value: {got}")
         if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+            truncated = f": a fingerprint of {len(data) - 2} of 8 bytes" if data[:2] == MAGIC else ""
             raise SchemaError(
-                f"not an Avro single-object record: expected {HEADER_SIZE}+ bytes starting with c301, "
+                f"not an Avro single-object record{truncated}: expected {HEADER_SIZE}+ bytes starting with c301, "
                 f"got {len(data)} bytes starting with {bytes(data[:HEADER_SIZE]).hex() or 'nothing'}"
             )
         return self.store.get(bytes(data[2:HEADER_SIZE]))
 
-    def _read(self, data: bytes, writer: WriterSchema, reader: dict[str, Any] | None) -> Any:
+    def _read(self, data: bytes, writer: WriterSchema, reader: WriterSchema | None) -> Any:
         buf = io.BytesIO(data)
         buf.seek(HEADER_SIZE)
         try:
-            values = schemaless_reader(buf, writer.parsed, reader)
+            values = schemaless_reader(buf, writer.parsed, None if reader is None else reader.parsed)
         except SchemaResolutionError as exc:
+            at = _failing_field(data, writer, reader)
             if reader is None:
-                raise SchemaError(f"corrupt or truncated {_where(writer, data)}: {type(exc).__name__}: {exc}") from exc
+                raise SchemaError(
+                    f"corrupt or truncated {_where(writer, data)}{at}: {type(exc).__name__}: {exc}"
+                ) from exc
             raise SchemaError(
-                f"incompatible {_where(writer, data)}: its writer schema does not resolve to this "
+                f"incompatible {_where(writer, data)}{at}: its writer schema does not resolve to this "
                 f"package's schema: {exc}"
             ) from exc
         except _READ_ERRORS as exc:
-            raise SchemaError(f"corrupt or truncated {_where(writer, data)}: {type(exc).__name__}: {exc}") from exc
+            at = _failing_field(data, writer, reader)
+            raise SchemaError(f"corrupt or truncated {_where(writer, data)}{at}: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data):
             left = len(data) - buf.tell()
             raise SchemaError(f"corrupt {_where(writer, data)}: {left} bytes left over after the body")
@@ -327,6 +338,43 @@ def _kept(record: Any, header: bytes) -> memoryview | None:
     if data is None or data[:HEADER_SIZE] != header:
         return None
     return memoryview(data)[HEADER_SIZE:]
+
+
+@lru_cache(maxsize=64)
+def _prefixes(writer_text: str, reader_text: str | None) -> list[tuple[str, Any, Any]]:
+    """For each top-level field of the writer schema: its name, and the parsed writer (and reader)
+    schemas of the record cut after it; empty where a cut does not parse on its own, or for a writer
+    schema of more than 64 fields (anyone may publish one: the cuts would cost its square)."""
+    writer, reader = json.loads(writer_text), None if reader_text is None else json.loads(reader_text)
+    if len(writer["fields"]) > 64:
+        return []
+    wanted = {} if reader is None else {f["name"]: f for f in reader["fields"]}
+    cuts = []
+    try:
+        for end, field in enumerate(writer["fields"], start=1):
+            kept = writer["fields"][:end]
+            cut = parse_schema({**writer, "fields": kept}, _write_hint=False)
+            resolved = None
+            if reader is not None:
+                fields_ = [wanted[f["name"]] for f in kept if f["name"] in wanted]
+                resolved = parse_schema({**reader, "fields": fields_}, _write_hint=False)
+            cuts.append((field["name"], cut, resolved))
+    except Exception:  # noqa: BLE001 - a cut that refers to a type defined after it: no field named
+        return []
+    return cuts
+
+
+def _failing_field(data: bytes, writer: WriterSchema, reader: WriterSchema | None) -> str:
+    """`` at field <name>``: the first top-level field whose body does not read (or resolve), for a
+    reason that names it; ``""`` when the fault is not in one (every cut reads)."""
+    for name, cut, resolved in _prefixes(writer.text, None if reader is None else reader.text):
+        buf = io.BytesIO(data)
+        buf.seek(HEADER_SIZE)
+        try:
+            schemaless_reader(buf, cut, resolved)
+        except Exception:  # noqa: BLE001 - any failure of this cut's read is the field's
+            return f" at field {name}"
+    return ""
 
 
 def _where(writer: WriterSchema, data: bytes) -> str:

@@ -61,8 +61,9 @@ def writer_schema(schema: str | dict[str, Any]) -> WriterSchema:
         raw = json.loads(schema) if isinstance(schema, str) else schema
         parsed = parse_schema(raw) if isinstance(raw, dict) and raw.get("type") == "record" else None
         fp = fingerprint(raw)
-    except (ValueError, KeyError, TypeError, AttributeError, SchemaParseException) as exc:
-        raise SchemaError(f"invalid Avro schema: {type(exc).__name__}: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, SchemaParseException) as exc:
+        # RecursionError: a schema nested deeper than Python recurses (json or fastavro), from anyone's bytes
+        raise SchemaError(f"invalid Avro schema: {type(exc).__name__}: {str(exc)[:200]}") from exc
     if parsed is None:
         raise SchemaError(f"a writer schema must be an Avro record, got {str(raw)[:80]!r}")
     return WriterSchema(fp, parsed["name"], json.dumps(raw), parsed)

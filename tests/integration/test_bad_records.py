@@ -23,52 +23,23 @@ exactly the version the good samples make (stopping at that version or a time li
 from __future__ import annotations
 
 import dataclasses
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from astraflow.basemodel.tiny import TinyModelSpec, create_tiny_checkpoint
-from astraflow.log import TopicPartition, open_log
-from astraflow.runtime.attach import decode_snapshot
-from astraflow.runtime.topics import RunTopics
-from astraflow.schemas.codec import Codec
-from astraflow.schemas.records import DeadLetter, Metric, TrainSample, Trajectory
+from astraflow.chaos.pipeline_runs import CODEC, GROUP, MAX_POSITIONS, Pipeline, good_record
+from astraflow.schemas.records import TrainSample, Trajectory
 
-GROUP = 4
-BATCH = 8
-MAX_POSITIONS = 64
 MiB = 1024 * 1024
-CODEC = Codec()
 VERSIONS = 4 + 4
 """What the good samples make: 4 batches written to the samples topic, 4 from 8 good trajectory groups."""
 
 
 def trajectory(group: str, index: int, **changes: object) -> Trajectory:
     """Member ``index`` of a good group: rewards 1, 0, 1, 0 (so the group has a spread)."""
-    good = Trajectory(
-        trajectory_id=f"{group}/{index}",
-        episode_id=f"{group}/{index}",
-        group_id=group,
-        task_id=group,
-        prompt_id=f"p-{group}",
-        policy="main",
-        workflow="math",
-        prompt_ids=np.array([5, 6, 7], dtype=np.int32),
-        response_ids=np.array([8, 9, 1], dtype=np.int32),
-        behaviour_logprobs=np.full(3, -2.0, dtype=np.float32),
-        token_versions=np.zeros(3, dtype=np.int32),
-        loss_mask=np.ones(3, dtype=np.uint8),
-        reward=float((index + 1) % 2),
-        reward_components={"found": float((index + 1) % 2)},
-        group_size=GROUP,
-    )
-    return dataclasses.replace(good, **changes)
+    return dataclasses.replace(good_record("trajectories", group, index), **changes)
 
 
 BAD_ARRAYS = {
@@ -106,99 +77,8 @@ BAD_SAMPLES = {
 """Bad in a sample only: changes to the TrainSample of member 0 (not its trajectory), and the reason."""
 
 
-PIPELINE = [
-    {"op": "staleness"},
-    {"op": "reward_terms", "weights": {"found": 0.5}},
-    {"op": "dr_grpo"},
-    {"op": "zero_variance"},
-]
-"""The default pipeline under Dr.GRPO, with reward shaping that needs each trajectory's ``found``."""
-
-
 def sample(group: str, index: int, advantage: float, **changes: object) -> TrainSample:
     return TrainSample(f"{group}/{index}", trajectory(group, index, **changes), advantage, 1000, ["dr_grpo"])
-
-
-class Pipeline:
-    """A run directory with a tiny base model, its topics, and the stream and trainer processes."""
-
-    def __init__(self, tmp_path: Path, runtime: str, log: dict) -> None:
-        self.run_dir = tmp_path / "run"
-        create_tiny_checkpoint(self.run_dir / "base", TinyModelSpec(max_positions=MAX_POSITIONS))
-        name = f"bad{tmp_path.name[-12:].replace('_', '').replace('-', '')}"
-        config = {
-            "run": name,
-            "log": {**log, "partitions": 1},
-            "rollout": {"group_size": GROUP},
-            "train": {"batch_samples": BATCH, "checkpoint_every": 100},
-            "stream": {"runtime": runtime, "max_staleness": 1000, "pipeline": PIPELINE},
-        }
-        self.config = self.run_dir / "config.yaml"
-        self.config.write_text(yaml.safe_dump(config))
-        self.log = open_log(log["backend"], path=self.run_dir / "log.sqlite", bootstrap=log.get("bootstrap"))
-        self.topics = RunTopics(name, "math", ("main",))
-        self.topics.ensure(self.log, 1)
-        self.producer = self.log.producer()
-        self.processes: dict[str, subprocess.Popen] = {}
-
-    def start(self, component: str) -> None:
-        out = (self.run_dir / f"{component}.out").open("wb")
-        self.processes[component] = subprocess.Popen(
-            [sys.executable, "-m", "astraflow.cli", component, str(self.config), "--run-dir", str(self.run_dir)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def write(self, topic: str, records: list, timestamp_ms: int | None = None) -> None:
-        for record in records:
-            key = (record.trajectory if isinstance(record, TrainSample) else record).group_id.encode()
-            self.producer.send(topic, CODEC.encode(record), key=key, timestamp_ms=timestamp_ms)
-        self.producer.flush()
-
-    def wait_for_version(self, version: int, timeout: float) -> tuple[int, int]:
-        """Follow the metrics topic until ``train.version`` reaches ``version`` or ``timeout`` passes;
-        the last (version, skipped steps) seen. Fails at once if a component exits."""
-        consumer = self.log.consumer(group_id=None)
-        consumer.assign([TopicPartition(self.topics.metrics("trainer"), 0)])
-        consumer.seek_to_beginning()
-        latest, skipped = -1, 0
-        deadline = time.monotonic() + timeout
-        try:
-            while latest < version and time.monotonic() < deadline:
-                for message in consumer.poll(max_records=500, timeout=0.5):
-                    metric = CODEC.decode(message.value, expect=Metric)
-                    if metric.component != "train":
-                        continue
-                    if metric.name == "train.version":
-                        latest = max(latest, int(metric.value))
-                    elif metric.name == "train.skipped_steps":
-                        skipped = int(metric.value)
-                for name, process in self.processes.items():
-                    assert process.poll() is None, f"{name} exited with {process.returncode}: {self.output(name)}"
-        finally:
-            consumer.close()
-        return latest, skipped
-
-    def output(self, component: str) -> str:
-        return (self.run_dir / f"{component}.out").read_text(errors="replace")[-3000:]
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            process.send_signal(signal.SIGTERM)
-        for name, process in self.processes.items():
-            assert process.wait(timeout=90) == 0, f"{name} exited with {process.returncode}: {self.output(name)}"
-
-    def dead_letters(self) -> list[DeadLetter]:
-        return [record for topic in self.topics.deadletter_topics() for _, record in decode_snapshot(self.log, topic)]
-
-    def close(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        self.producer.close()
-        self.log.close()
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,8 @@ def metric(name: str) -> Metric:
 
 
 def letter(topic: str) -> DeadLetter:
-    return DeadLetter("x", "why", "", topic, 0, 5, None, b"", 0)
+    """A well-formed dead letter of the record at offset 5 of ``topic`` (of no record for ``""``)."""
+    return DeadLetter("x", "why", "", topic, 0 if topic else -1, 5 if topic else -1, None, b"", 0)
 
 
 def test_every_metric_name_of_the_catalogue_has_one_owner_among_the_roles() -> None:

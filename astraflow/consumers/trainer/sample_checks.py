@@ -3,7 +3,8 @@ the stale groups it drops.
 
 A sample that does not decode, or that the model cannot train on (``schemas.validation``: token ids
 outside the vocabulary, prompt + response beyond the context length, a loss mask other than 0/1,
-non-finite log-probs; here also an advantage that is not a finite float32, token advantages that do
+non-finite or positive log-probs, negative token versions; here also a sample id that is empty, too
+long or holds a control character, an advantage that is not a finite float32, token advantages that do
 not match the response, and a fresh sample whose group size is not the policy's) is dead-lettered
 with the reason and counted (``train.rejected_samples``); it still counts as a member of its group,
 so the group completes without it instead of holding every later batch back.
@@ -24,7 +25,7 @@ import numpy as np
 from astraflow.log import Message
 from astraflow.runtime.context import now_ms
 from astraflow.schemas.records import PromptStats, TrainSample
-from astraflow.schemas.validation import MAX_ID_BYTES, Limits, validate
+from astraflow.schemas.validation import MAX_ID_BYTES, Limits, id_problem, validate
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a larger advantage becomes infinite in the loss."""
@@ -36,9 +37,9 @@ A version's ledger entry names every sample id of its batch, so ``train.batch_sa
 
 def sample_problem(sample: TrainSample, limits: Limits, group_size: int) -> str | None:
     """Why the model cannot train on ``sample`` (a policy of ``group_size`` samples a group), or ``None``."""
-    size = len(sample.sample_id.encode("utf-8", "surrogatepass"))
-    if size > MAX_SAMPLE_ID_BYTES:
-        return f"sample_id: {size} bytes, more than the {MAX_SAMPLE_ID_BYTES} a sample id may have"
+    problem = id_problem(sample.sample_id, limit=MAX_SAMPLE_ID_BYTES)
+    if problem is not None:
+        return f"sample_id: {problem}"
     problem = validate(sample.trajectory, limits)
     if problem is not None:
         return problem

@@ -6,6 +6,12 @@ it starts, outside any consumer group: the counts of dropped groups and the cura
 functions of the records in order, so reading them all again rebuilds both (``component.py`` says why
 the curator needs no changelog).
 
+A record that does not decode, or whose fields no stream or trainer writes (``schemas.validation.
+feedback_problem``: a NaN or out-of-range pass rate, an unknown policy, an empty or oversized id, ...)
+is dead-lettered with the field at fault and counts for nothing: neither as a dropped group, which
+would release a task no group left open, nor for the curator, whose per-prompt state it would bend
+for good.
+
 What counts, per group id (the newest ``REMEMBER_GROUPS`` ids are remembered):
 
 - the curator observes a group's first record only: a copy (a stream runtime that emitted a
@@ -23,6 +29,7 @@ What counts, per group id (the newest ``REMEMBER_GROUPS`` ids are remembered):
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, OrderedDict
 
@@ -31,6 +38,7 @@ from astraflow.log import Message, TopicPartition
 from astraflow.producers.feeder.curators import Curator
 from astraflow.runtime.context import ComponentContext
 from astraflow.schemas.records import PromptStats
+from astraflow.schemas.validation import clipped, feedback_problem
 
 REMEMBER_GROUPS = 200_000
 """Group ids the reader remembers (module docstring): copies and the trainer's verdicts follow their
@@ -53,6 +61,10 @@ class FeedbackReader:
         self._groups: OrderedDict[str, bool] = OrderedDict()
         """Group id → whether it gave a task back already."""
         self._ctx = ctx
+        self._policies = tuple(ctx.config.policy_names())
+        self._max_abs_reward = {p: ctx.config.for_policy(p).stream.max_abs_reward for p in self._policies}
+        self.rejected = 0
+        """Records dead-lettered as undecodable or invalid."""
         self._codec = ctx.codec
         self._partition = TopicPartition(ctx.topics.feedback(), 0)
         self._consumer = ctx.log.consumer(group_id=None)
@@ -79,7 +91,13 @@ class FeedbackReader:
             try:
                 stats = self._codec.decode(message.value, expect=PromptStats)
             except AstraFlowError as exc:
+                self.rejected += 1
                 self._ctx.dead_letter(message, f"undecodable feedback: {exc}", exc)
+                continue
+            problem = feedback_problem(stats, self._policies, self._max_abs_reward.get(stats.policy, math.inf))
+            if problem is not None:
+                self.rejected += 1
+                self._ctx.dead_letter(message, f"invalid feedback of group {clipped(stats.group_id)}: {problem}")
                 continue
             key = f"{stats.policy}\x1f{stats.group_id}"
             known = key in self._groups

@@ -33,6 +33,7 @@ through the component's own producer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -53,7 +54,7 @@ from astraflow.log import Message
 from astraflow.runtime.base_checkpoint import base_checkpoint_dir, model_limits
 from astraflow.runtime.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
 from astraflow.schemas.records import PromptStats, TrainSample, Trajectory
-from astraflow.schemas.validation import Limits, clipped, validate
+from astraflow.schemas.validation import Limits, clipped, id_problem, validate
 from astraflow.streams.operators.advantage import mean_std
 from astraflow.streams.operators.base import Group, GroupBuffer
 from astraflow.streams.operators.pipeline import build_pipeline
@@ -130,9 +131,9 @@ class GroupProcessor:
         try:
             trajectory = ctx.codec.decode(message.value, expect=Trajectory, keep=True)  # TrainSamples copy its bytes
         except AstraFlowError as exc:
-            self._dead_letter(message, f"undecodable trajectory: {exc}", exc)
-            group_id = message.key.decode("utf-8", "replace") if message.key else None
-            return Arrival(group_id, f"{message.partition}@{message.offset}", 0)
+            if message.value is None:  # a tombstone (Kafka): a dead letter's payload must still be bytes
+                message = dataclasses.replace(message, value=b"")
+            return self._undecodable(message, str(exc), exc)
         try:
             problem = self._problem(message, trajectory)
         except WeightFollowerError:  # not this record's fault: the processor ends, its restart reads it again
@@ -141,16 +142,30 @@ class GroupProcessor:
             self._dead_letter(
                 message, f"invalid trajectory {clipped(trajectory.trajectory_id)}: {error_reason(exc)}", exc
             )
-            return Arrival(trajectory.group_id, trajectory.trajectory_id, self._size(trajectory))
+            return self._rejected(message, trajectory)
         if problem is not None:
             self._dead_letter(message, f"invalid trajectory {clipped(trajectory.trajectory_id)}: {problem}")
-            return Arrival(trajectory.group_id, trajectory.trajectory_id, self._size(trajectory))
+            return self._rejected(message, trajectory)
         return Arrival(trajectory.group_id, trajectory.trajectory_id, trajectory.group_size, trajectory)
 
-    def _size(self, rejected: Trajectory) -> int:
-        """The group size a rejected member counts towards: the policy's, not the one it announced
-        (which may be what is wrong with it)."""
-        return self.limits.group_size or rejected.group_size
+    def _undecodable(self, message: Message, reason: str, error: BaseException | None = None) -> Arrival:
+        """Dead-letter bytes that are no trajectory: a failed member of the group the record key names."""
+        self._dead_letter(message, f"undecodable trajectory: {reason}", error)
+        group_id = message.key.decode("utf-8", "replace") if message.key else None
+        return Arrival(group_id, f"{message.partition}@{message.offset}", 0)
+
+    def _rejected(self, message: Message, rejected: Trajectory) -> Arrival:
+        """The failed member a rejected trajectory makes, counted at the policy's group size, not the one it
+        announced (which may be what is wrong with it). Where its group id or trajectory id is what is
+        wrong, it is a member of the group its record key names, by its position: an empty or oversized
+        group id would leave the siblings waiting for ``stream.group_timeout_s``, and empty trajectory
+        ids would count as one member."""
+        key = message.key.decode("utf-8", "replace") if message.key else None
+        group_id = rejected.group_id if id_problem(rejected.group_id) is None else key
+        member = rejected.trajectory_id
+        if id_problem(member) is not None:
+            member = f"{message.partition}@{message.offset}"
+        return Arrival(group_id, member, self.limits.group_size or rejected.group_size)
 
     def _problem(self, message: Message, trajectory: Trajectory) -> str | None:
         """Why ``trajectory`` (decoded from ``message``) is rejected, or ``None``."""
