@@ -49,7 +49,6 @@ TOPICS = {
 """Each topic kind a non-trainer role writes and a component reads, and the record type of its good record."""
 Build = Callable[[Any, random.Random, Codec], "bytes | None"]
 
-SAMPLE_GROUP_GAP = "consumers/trainer/component.py: _admit counts a sample rejected for its group id towards that id"
 TASK_GAP = "producers/rollout/component.py: task_problem checks the group size and version numbers only"
 
 
@@ -322,8 +321,8 @@ _KINDS = [
     K(S, "behaviour_logprobs.positive", _inner(behaviour_logprobs=np.full(3, 0.5, np.float32))),
     K(S, "token_versions.negative", _inner(token_versions=np.full(3, -1, np.int32))),
     K(S, "group_size.plus_one", _inner(group_size=lambda g, r: g.group_size + 1)),
-    K(S, "group_id.empty", _inner(group_id=""), gap=SAMPLE_GROUP_GAP),
-    K(S, "group_id.MiB", _inner(group_id=_big("group_id")), gap=SAMPLE_GROUP_GAP),
+    K(S, "group_id.empty", _inner(group_id="")),
+    K(S, "group_id.MiB", _inner(group_id=_big("group_id"))),
     *_encodings(S, "TrainSample", lambda good: good.trajectory),
     # tasks: written by the feeder, read by rollout producers (RolloutProducer._runnable, task_problem)
     *(K(TASK, f"group_size.{v}", _set(group_size=v)) for v in (0, -1, 1025)),

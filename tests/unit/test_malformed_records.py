@@ -199,7 +199,7 @@ def trainer_admit(ctx: ComponentContext, assembler: BatchAssembler, message: Mes
         assembler.duplicates += 1
         return
     ctx.dead_letter(message, f"invalid sample {clipped(sample.sample_id)}: {problem}")
-    assembler.fail(message, sample.trajectory.group_id)
+    assembler.fail(message, group_id if group_id is not None else sample.trajectory.group_id)  # as Trainer._admit
 
 
 @pytest.fixture(scope="module")

@@ -260,7 +260,7 @@ class Trainer:
             assembler.duplicates += 1
             return
         self._reject(message, f"invalid sample {clipped(sample.sample_id)}: {problem}", error)
-        assembler.fail(message, sample.trajectory.group_id)
+        assembler.fail(message, group_id if group_id is not None else sample.trajectory.group_id)  # the key: its group
 
     def _problem(self, sample: TrainSample) -> str | None:
         """Why the model cannot train on ``sample``, or ``None`` (``sample_checks.py``)."""
