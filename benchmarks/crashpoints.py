@@ -5,7 +5,9 @@ keeps the points whose name starts with one of the given prefixes, to shard the 
 run`` of the math example to ``--versions`` with the point armed to fire once on its ``--pass``-th pass
 (not the first: by then the stage has state to lose), through ``chaos/crash_runs.py``; for the trainer's
 points (``trainer.``, ``checkpoint.``, ``seal.``, ``publish.``) also twice in a row at the same point and
-once at it and once at the next. Runs sign their weights (so the checkpoint seals are written) and
+once at it and once at the next. A point on a recovery path (``AFTER``: removing the checkpoint of a
+version that never committed) is armed after a kill at the point that leaves that state. Runs sign their
+weights (so the checkpoint seals are written) and
 checkpoint every ``--checkpoint-every`` versions (so the checkpoint points are reached early).
 
 Setups: ``embedded-native`` (the embedded log), ``kafka-native`` and ``kafka-faust`` (a local one-node
@@ -40,6 +42,21 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 SETUPS = ("embedded-native", "kafka-native", "kafka-faust")
 TRAINER_STAGES = ("trainer.", "checkpoint.", "seal.", "publish.")
+ON_FAILURE_ONLY = {
+    "embedded.commit_offsets": "no component commits offsets outside a transaction (astraflow tail --group does)",
+    "evaluator.flush_dead_letter": "only after an evaluation that failed",
+    "trainer.flush_skipped": "only after a step with a non-finite loss (tests/integration/test_bad_records.py)",
+    "publish.flush_manifest": "only a publish outside a transaction (benchmarks/weights.py; the trainer's is in one)",
+}
+"""Points no run of the math example reaches, and where they are reached instead."""
+ONCE_PER_PROCESS = frozenset({"trainer.flush_start"})
+"""Points a process passes once (its start): armed on their first pass, not ``--passes``."""
+AFTER = {
+    "checkpoint.remove_uncommitted": "trainer.checkpoint_written",
+    "checkpoint.remove_unfinished": "checkpoint.fsync_file",
+}
+"""Points on a recovery path, reached only by a process started after a crash at another point: the
+checkpoint of a version that never committed, a checkpoint directory left half written."""
 
 
 def applicable(point: str, setup: str) -> str | None:
@@ -55,26 +72,36 @@ def applicable(point: str, setup: str) -> str | None:
         return "solver_verifier only"
     if point == "trainer.sharded_checkpoint_commit":
         return "a trainer of several ranks only"
-    return None
+    return ON_FAILURE_ONLY.get(point)
 
 
 def plans(points: list[str], setup: str, passes: int) -> list[tuple[str, list[str]]]:
-    """(label, entries) of every run of ``setup``: each point once; a trainer's also in pairs."""
-    runs = []
+    """(label, entries) of every run of ``setup``: each point once, then the trainer's in pairs (the
+    single kills first, so that a walk cut short has covered every point)."""
+    singles, pairs = [], []
     for index, point in enumerate(points):
         if applicable(point, setup):
             continue
-        runs.append((point, [f"{point}#{passes}"]))
+        if point in AFTER:
+            singles.append((point, [f"{AFTER[point]}#{passes}", f"{point}#1"]))
+            continue
+        singles.append((point, [armed(point, passes)]))
         if point.startswith(TRAINER_STAGES):
-            runs.append((f"{point} twice", [f"{point}#{passes}", f"{point}#{passes}"]))
+            pairs.append((f"{point} twice", [armed(point, passes)] * 2))
             following = next((p for p in points[index + 1 :] if p.startswith(TRAINER_STAGES)), None)
-            if following and not applicable(following, setup):
-                runs.append((f"{point} then {following}", [f"{point}#{passes}", f"{following}#{passes}"]))
-    return runs
+            if following and not applicable(following, setup) and following not in AFTER:
+                pairs.append((f"{point} then {following}", [armed(point, passes), armed(following, passes)]))
+    return singles + pairs
 
 
-def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path) -> dict:
-    """Every run of ``setup``; a Kafka setup on a broker of its own."""
+def armed(point: str, passes: int) -> str:
+    """The entry that kills at ``point`` on its ``passes``-th pass (the first, for ``ONCE_PER_PROCESS``)."""
+    return f"{point}#{1 if point in ONCE_PER_PROCESS else passes}"
+
+
+def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path, save) -> dict:
+    """Every run of ``setup``; a Kafka setup on a broker of its own. ``save(found)`` after each run, so
+    a walk cut short keeps what it ran."""
     from astraflow.weights.signing import generate_key_pair
 
     private, public, _ = generate_key_pair(work / f"{setup}-keys")
@@ -104,29 +131,56 @@ def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path) ->
             )
             runs.append({"label": label, **result.to_dict()})
             print(f"  {result.problems or 'ok'}{' (unreached)' if result.unreached else ''}", flush=True)
+            save(found(runs, points, setup))
     finally:
         if broker is not None:
             broker.stop()
+    return found(runs, points, setup)
+
+
+def found(runs: list[dict], points: list[str], setup: str) -> dict:
+    """A setup's result: its runs, the points that do not apply to it, the runs that failed."""
     skipped = {point: applicable(point, setup) for point in points if applicable(point, setup)}
     failed = [run["label"] for run in runs if run["problems"] or run["unreached"]]
     return {"runs": runs, "not_applicable": skipped, "failed": failed}
 
 
-def merge(paths: list[Path]) -> dict:
-    """The shards' setups and runs as one result (a later shard's run of the same label replaces one)."""
+def merge(paths: list[Path], passes: int = 2) -> dict:
+    """The shards' setups and runs as one result: a later shard's run of the same label replaces one, and
+    runs the harness no longer plans (a shard of an older version of it) are left out."""
+    points = sorted({name for name, _, _ in crash_point_names()})
     merged: dict = {"setups": {}, "shards": []}
     for path in paths:
         shard = json.loads(path.read_text())
         merged["shards"].append({"file": path.name, "provenance": shard.get("provenance")})
         for setup, found in shard["setups"].items():
             target = merged["setups"].setdefault(setup, {"runs": [], "not_applicable": {}, "failed": []})
+            planned = {label for label, _ in plans(points, setup, passes)}
             kept = {run["label"]: run for run in target["runs"]}
-            kept.update({run["label"]: run for run in found["runs"]})
+            kept.update({run["label"]: run for run in found["runs"] if run["label"] in planned})
             target["runs"] = list(kept.values())
-            target["not_applicable"].update(found["not_applicable"])
+            target["not_applicable"] = {p: applicable(p, setup) for p in points if applicable(p, setup)}
             target["failed"] = [label for label, run in kept.items() if run["problems"] or run["unreached"]]
-    merged["points"] = sorted({name for name, _, _ in crash_point_names()})
+    merged["points"] = points
+    merged["summary"] = {setup: summarize(found) for setup, found in merged["setups"].items()}
     return merged
+
+
+def summarize(found: dict) -> dict:
+    """One setup's totals: runs, the single-point runs, and what every run's records showed."""
+    runs = found["runs"]
+    return {
+        "runs": len(runs),
+        "single_point_runs": sum(1 for run in runs if len(run["entries"]) == 1 or " " not in run["label"]),
+        "pair_runs": sum(1 for run in runs if " " in run["label"]),
+        "with_problems": sum(1 for run in runs if run["problems"]),
+        "unreached": sum(1 for run in runs if run["unreached"]),
+        "lost": sum(run["lost"] for run in runs),
+        "trained_twice": sum(run["trained_twice"] for run in runs),
+        "fallbacks": sum(len(run["fallbacks"]) for run in runs),
+        "reused_versions": sum(len(run["reused_versions"]) for run in runs),
+        "not_applicable": len(found["not_applicable"]),
+    }
 
 
 def plot(result: dict, path: Path) -> None:
@@ -174,7 +228,7 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, nargs="*", help="merge these shard results into --out")
     args = parser.parse_args()
     if args.merge:
-        result = merge(args.merge)
+        result = merge(args.merge, args.passes)
         args.out.write_text(json.dumps(result, indent=2))
         plot(result, args.out.with_suffix(".png"))
         return
@@ -182,16 +236,24 @@ def main() -> None:
     prefixes = tuple(p for p in args.stages.split(",") if p)
     points = sorted({name for name, _, _ in crash_point_names() if not prefixes or name.startswith(prefixes)})
     print(f"{len(points)} crash points to walk", flush=True)
+    setups: dict[str, dict] = {}
+
+    def save(setup: str, partial: dict | None = None) -> dict:
+        if partial is not None:
+            setups[setup] = partial
+        result = {
+            "inputs": {**vars(args), "out": str(args.out), "merge": None, "points": points},
+            "setups": setups,
+            "provenance": finish(record),
+            "load_average_at_end": os.getloadavg(),
+        }
+        args.out.write_text(json.dumps(result, indent=2))
+        return result
+
     with tempfile.TemporaryDirectory(prefix="crashpoints-") as tmp:
-        work = Path(tmp)
-        setups = {setup: walk(setup, points, args, work) for setup in args.setups.split(",")}
-    result = {
-        "inputs": {**vars(args), "out": str(args.out), "merge": None, "points": points},
-        "setups": setups,
-        "provenance": finish(record),
-        "load_average_at_end": os.getloadavg(),
-    }
-    args.out.write_text(json.dumps(result, indent=2))
+        for setup in args.setups.split(","):
+            setups[setup] = walk(setup, points, args, Path(tmp), lambda partial, s=setup: save(s, partial))
+    save(args.setups.split(",")[-1])
     print(json.dumps({setup: found["failed"] for setup, found in setups.items()}, indent=2))
 
 

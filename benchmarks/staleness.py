@@ -33,6 +33,7 @@ DEPENDS: dict[str, list[str]] = {
     "agentic.json": ["benchmarks/agentic.py", "examples", "astraflow"],
     "backends.json": ["benchmarks/backends.py", *WHOLE_SYSTEM],
     "chaos.json": ["benchmarks/chaos.py", *WHOLE_SYSTEM],
+    "crashpoints.json": ["benchmarks/crashpoints.py", *WHOLE_SYSTEM],
     "checkpoint_cost.json": ["benchmarks/checkpoint_cost.py", "astraflow/training", "astraflow/consumers/trainer"],
     "data_algorithms.json": ["benchmarks/data_algorithms.py", "astraflow/streams", "astraflow/producers/feeder"],
     "elastic.json": ["benchmarks/elastic.py", *WHOLE_SYSTEM],
