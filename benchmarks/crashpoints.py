@@ -152,7 +152,9 @@ def merge(paths: list[Path], passes: int = 2) -> dict:
     merged: dict = {"setups": {}, "shards": []}
     for path in paths:
         shard = json.loads(path.read_text())
-        merged["shards"].append({"file": path.name, "provenance": shard.get("provenance")})
+        merged["shards"].append(
+            {"file": path.name, "inputs": shard.get("inputs"), "provenance": shard.get("provenance")}
+        )
         for setup, found in shard["setups"].items():
             target = merged["setups"].setdefault(setup, {"runs": [], "not_applicable": {}, "failed": []})
             planned = {label for label, _ in plans(points, setup, passes)}
