@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import re
 import threading
 import time
 
@@ -71,10 +72,13 @@ from astraflow.runtime.base_checkpoint import base_checkpoint_path
 from astraflow.runtime.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
 from astraflow.runtime.outbox import Outbox
 from astraflow.schemas.records import RolloutTask, Trajectory
+from astraflow.schemas.validation import clipped, id_problem
 from astraflow.tasks.datasets import load_task_split
 from astraflow.weights.follow import WeightFollower, follow_weights
 
 logger = logging.getLogger(__name__)
+VERSION = re.compile(r"-?[0-9]{1,10}")
+"""A version number as a task's metadata writes it."""
 MAX_GROUP_SIZE = 1024
 """The largest ``group_size`` a task may ask for (``rollout.group_size``'s bound)."""
 CATCH_UP_SECONDS = 60.0
@@ -259,13 +263,20 @@ class RolloutProducer:
 
 
 def task_problem(task: RolloutTask, engines: dict) -> str | None:
-    """Why a task record cannot be run, or ``None``: its group size, and the versions it waits for."""
+    """Why a task record cannot be run, or ``None``: its ids (``schemas.validation.id_problem``: its
+    trajectories would carry them), its group size, and the versions it waits for - ASCII digits (``int``
+    takes ``"²"`` for no number and raises later) within int32, the width of every version a record holds
+    (a task waiting for a version beyond it would hold its partition for ever)."""
+    for name in ("task_id", "prompt_id", "group_id", "workflow"):
+        problem = id_problem(getattr(task, name))
+        if problem is not None:
+            return f"{name}: {problem}"
     if not 1 <= task.group_size <= MAX_GROUP_SIZE:
         return f"group_size: {task.group_size} is not in 1..{MAX_GROUP_SIZE}"
     for policy in engines:
         version = task.metadata.get(f"version.{policy}", "-1")
-        if not version.lstrip("-").isdigit():
-            return f"metadata: version.{policy} is {version!r}, not a version number"
+        if VERSION.fullmatch(version) is None or not -1 <= int(version) < 2**31:
+            return f"metadata: version.{policy} is {clipped(version)!r}, not a version number"
     return None
 
 
