@@ -45,7 +45,6 @@ from astraflow.schemas.records import DeadLetter, Metric, PromptStats, RolloutTa
 from astraflow.schemas.store import SCHEMA_TOPIC, writer_schema
 from astraflow.schemas.validation import (
     Limits,
-    clipped,
     feedback_problem,
     letter_problem,
     metric_problem,
@@ -183,23 +182,8 @@ def test_the_stream_processor_rejects_each_malformed_trajectory(kind: Kind, stre
 
 
 def trainer_admit(ctx: ComponentContext, assembler: BatchAssembler, message: Message) -> None:
-    """``Trainer._admit`` without the trainer's model: decode, check, dead-letter, count towards the group."""
-    group_id = message.key.decode("utf-8", "replace") if message.key else None
-    try:
-        sample = ctx.codec.decode(message.value, expect=TrainSample)
-    except AstraFlowError as exc:
-        ctx.dead_letter(message, f"undecodable sample: {exc}", exc)
-        assembler.fail(message, group_id)
-        return
-    problem = sample_problem(sample, TRAINER_LIMITS, GROUP)
-    if problem is None:
-        assembler.add(sample, message)
-        return
-    if not assembler.remember(sample.sample_id):  # a copy of a sample dead-lettered already
-        assembler.duplicates += 1
-        return
-    ctx.dead_letter(message, f"invalid sample {clipped(sample.sample_id)}: {problem}")
-    assembler.fail(message, group_id if group_id is not None else sample.trajectory.group_id)  # as Trainer._admit
+    """What ``Trainer`` does with each samples record (``BatchAssembler.admit``), without its model."""
+    assembler.admit(message, ctx.codec, lambda sample: sample_problem(sample, TRAINER_LIMITS, GROUP), ctx.dead_letter)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,16 @@ the optimizer step, even for samples that waited in the samples topic after the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
-from astraflow.core.errors import AstraFlowError
+from astraflow.core.errors import AstraFlowError, error_reason
 from astraflow.log import Log, Message, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import TrainSample
+from astraflow.schemas.validation import clipped
+
+Reject = Callable[[Message, str, BaseException | None], None]
+"""Dead-letters a message with a reason (and the error behind it): ``Trainer._reject``."""
 
 
 class BatchAssembler:
@@ -49,6 +54,32 @@ class BatchAssembler:
             self.duplicates += 1
             return
         self.buffer.append((sample, message, sample.trajectory.group_id, sample.trajectory.group_size))
+
+    def admit(
+        self, message: Message, codec: Codec, problem_of: Callable[[TrainSample], str | None], reject: Reject
+    ) -> None:
+        """Add the sample of ``message``, or ``reject`` it with the reason (undecodable; ``problem_of``
+        names a problem or raises) and count it towards its group: the record key's, since a sample's own
+        group id may be what is wrong with it. A rejected sample's copy (a redelivery) is counted once."""
+        group_id = message.key.decode("utf-8", "replace") if message.key else None
+        try:
+            sample = codec.decode(message.value, expect=TrainSample)
+        except AstraFlowError as exc:
+            reject(message, f"undecodable sample: {exc}", exc)
+            self.fail(message, group_id)
+            return
+        try:
+            problem, error = problem_of(sample), None
+        except Exception as exc:  # a check that raises rejects this sample, never the trainer
+            problem, error = error_reason(exc), exc
+        if problem is None:
+            self.add(sample, message)
+            return
+        if not self.remember(sample.sample_id):  # a copy of a sample dead-lettered already
+            self.duplicates += 1
+            return
+        reject(message, f"invalid sample {clipped(sample.sample_id)}: {problem}", error)
+        self.fail(message, group_id if group_id is not None else sample.trajectory.group_id)
 
     def fail(self, message: Message, group_id: str | None) -> None:
         """Count a dead-lettered sample of ``group_id`` (the record key; ``None``: its own group of one)."""

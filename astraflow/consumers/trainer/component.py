@@ -64,7 +64,7 @@ from astraflow.consumers.trainer.rank_learner import build_rank_learner, check_r
 from astraflow.consumers.trainer.sample_checks import sample_problem, stale_feedback, stale_groups
 from astraflow.consumers.trainer.seals import CheckpointSeals
 from astraflow.core.crashpoints import crash_point
-from astraflow.core.errors import AstraFlowError, FencedError, NonFiniteStepError, error_reason
+from astraflow.core.errors import FencedError, NonFiniteStepError
 from astraflow.core.metric_names import (
     TRAIN_REJECTED_SAMPLES,
     TRAIN_SKIPPED_STEPS,
@@ -77,7 +77,7 @@ from astraflow.log import Consumer, Message, TopicPartition
 from astraflow.runtime.base_checkpoint import base_checkpoint_path, model_limits
 from astraflow.runtime.context import ComponentContext, now_ms
 from astraflow.schemas.records import LedgerEntry, PromptStats, TrainSample
-from astraflow.schemas.validation import Limits, clipped
+from astraflow.schemas.validation import Limits
 from astraflow.training.checkpoint import (
     RECALL_WINDOW,
     CheckpointStore,
@@ -163,7 +163,7 @@ class Trainer:
             while not stop.is_set():
                 t0 = time.perf_counter()
                 for message in consumer.poll(max_records=1024, timeout=0.5):
-                    self._admit(message, assembler)
+                    assembler.admit(message, ctx.codec, self._problem, self._reject)
                 waited += time.perf_counter() - t0
                 taken = assembler.take(self._oldest_trainable())
                 if taken is None:
@@ -236,31 +236,6 @@ class Trainer:
         self.stale_feedback = []
         if self.checkpointed == version:
             self.checkpoints.prune(self.ledger.names)  # retention only once the ledger names the new checkpoint
-
-    def _admit(self, message: Message, assembler: BatchAssembler) -> None:
-        """Add the sample of ``message`` to ``assembler``, or dead-letter it with the reason."""
-        ctx = self.ctx
-        group_id = message.key.decode("utf-8", "replace") if message.key else None
-        try:
-            sample = ctx.codec.decode(message.value, expect=TrainSample)
-        except AstraFlowError as exc:
-            self._reject(message, f"undecodable sample: {exc}", exc)
-            assembler.fail(message, group_id)
-            return
-        try:
-            problem = self._problem(sample)
-        except Exception as exc:  # a check that raises rejects this sample, never the trainer
-            problem, error = error_reason(exc), exc
-        else:
-            error = None
-        if problem is None:
-            assembler.add(sample, message)
-            return
-        if not assembler.remember(sample.sample_id):  # a copy of a sample dead-lettered already
-            assembler.duplicates += 1
-            return
-        self._reject(message, f"invalid sample {clipped(sample.sample_id)}: {problem}", error)
-        assembler.fail(message, group_id if group_id is not None else sample.trajectory.group_id)  # the key: its group
 
     def _problem(self, sample: TrainSample) -> str | None:
         """Why the model cannot train on ``sample``, or ``None`` (``sample_checks.py``)."""
