@@ -191,21 +191,14 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    setups = list(result["setups"])
+    setups = list(result["summary"])
     kinds = ("held", "failed", "not applicable")
-    counts = {
-        kind: [
-            (
-                sum(1 for run in result["setups"][s]["runs"] if not (run["problems"] or run["unreached"]))
-                if kind == "held"
-                else len(result["setups"][s]["failed"])
-                if kind == "failed"
-                else len(result["setups"][s]["not_applicable"])
-            )
-            for s in setups
-        ]
-        for kind in kinds
-    }
+    counts: dict[str, list[int]] = {kind: [] for kind in kinds}
+    for setup in setups:
+        totals, failed = result["summary"][setup], len(result["setups"][setup]["failed"])
+        counts["held"].append(totals["runs"] - failed)
+        counts["failed"].append(failed)
+        counts["not applicable"].append(totals["not_applicable"])
     figure, axis = plt.subplots(figsize=(7, 3.5))
     bottom = [0] * len(setups)
     for kind, colour in zip(kinds, ("tab:green", "tab:red", "tab:gray")):

@@ -21,9 +21,12 @@ Used by ``tests/e2e/test_crash_points.py`` (a point of every stage in one run) a
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -88,9 +91,6 @@ def armed_run(
 ) -> CrashRun:
     """``astraflow run`` of the math example (run name ``run``; the base checkpoint copied from ``base``,
     else warmed up as a run does) to ``versions`` with ``entries`` armed; then ``check``."""
-    import shutil
-    import time
-
     from astraflow.config import write_config_over
 
     backend, runtime = setup.split("-")
@@ -131,8 +131,6 @@ def armed_run(
 
 def check(run_dir: Path, result: CrashRun) -> CrashRun:
     """Fill ``result`` from the records of the finished run in ``run_dir`` (module docstring)."""
-    import json
-
     from astraflow.analysis.audit import audit_run
     from astraflow.runtime.attach import decode_snapshot, open_run
     from astraflow.schemas.records import LedgerEntry

@@ -51,6 +51,7 @@ from astraflow.schemas.validation import (
     validate,
 )
 from astraflow.streams.runtimes.native import NativeStreamProcessor
+from tests.unit.test_stale_samples import Recording
 
 RUN = "fuzz"
 CONFIG = {
@@ -265,21 +266,6 @@ def test_a_rollout_producer_rejects_each_malformed_task(kind: Kind) -> None:
 
 
 # --- feedback: the task feeder ------------------------------------------------------------------------
-
-
-class Recording:
-    """A curator that remembers the groups it observed."""
-
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.observed: list[str] = []
-
-    def observe(self, stats: PromptStats) -> None:
-        self.observed.append(stats.group_id)
-
-    def admit(self, prompt_id: str, candidate: int) -> bool:
-        return True
 
 
 @pytest.fixture(scope="module")
