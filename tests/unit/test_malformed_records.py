@@ -221,13 +221,10 @@ def test_the_trainer_rejects_each_malformed_sample(kind: Kind, sample_outcomes: 
     check(kind, sample_outcomes[kind.name])
 
 
-@pytest.mark.xfail(
-    strict=True, reason="consumers/trainer/component.py: _admit takes a second rejected sample of one id for a copy"
-)
 def test_rejected_samples_that_share_an_invalid_id_still_complete_their_group(tmp_path: Path) -> None:
-    """Two members of a group whose sample ids are both empty: the trainer dead-letters the first and takes
-    the second for a copy of it, counted towards no group, so the group - and every batch after it - waits
-    for ever. (The stream counts such members by their position: ``GroupProcessor._rejected``.)"""
+    """Two members of a group whose sample ids are both empty: both are dead-lettered and counted towards
+    the group, so it completes. (Taking the second for a copy of the first, as ``BatchAssembler.admit``
+    once did, left the group - and every batch after it - waiting for ever.)"""
     ctx = ComponentContext(parse_config(CONFIG), tmp_path, "train")
     try:
         assembler = BatchAssembler(GROUP, GROUP)
@@ -260,7 +257,7 @@ def test_a_rollout_producer_rejects_each_malformed_task(kind: Kind) -> None:
         except AstraFlowError as error:
             outcome.error = f"{type(error).__name__}: {error}"
     else:
-        problem = task_problem(task, {"main": None})
+        problem = task_problem(task, {"main": None}, GROUP)
         outcome = Outcome([f"invalid task {task.task_id}: {problem}"] if problem else [], taken=problem is None)
     check(kind, outcome)
 
@@ -570,7 +567,7 @@ def test_a_dead_letter_is_checked_whoever_writes_it(changes: dict, reason: str |
 CHECKS: dict[type, Callable[[Any], str | None]] = {
     Trajectory: lambda record: validate(record, Limits(1e6, GROUP, VOCAB, MAX_POSITIONS), 0),
     TrainSample: lambda record: sample_problem(record, TRAINER_LIMITS, GROUP),
-    RolloutTask: lambda record: task_problem(record, {"main": None}),
+    RolloutTask: lambda record: task_problem(record, {"main": None}, GROUP),
     PromptStats: lambda record: feedback_problem(record, ("main",), 1e6),
     Metric: metric_problem,
     DeadLetter: letter_problem,

@@ -16,7 +16,7 @@ from astraflow.core.errors import AstraFlowError, error_reason
 from astraflow.log import Log, Message, TopicPartition
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import TrainSample
-from astraflow.schemas.validation import clipped
+from astraflow.schemas.validation import clipped, id_problem
 
 Reject = Callable[[Message, str, BaseException | None], None]
 """Dead-letters a message with a reason (and the error behind it): ``Trainer._reject``."""
@@ -60,7 +60,8 @@ class BatchAssembler:
     ) -> None:
         """Add the sample of ``message``, or ``reject`` it with the reason (undecodable; ``problem_of``
         names a problem or raises) and count it towards its group: the record key's, since a sample's own
-        group id may be what is wrong with it. A rejected sample's copy (a redelivery) is counted once."""
+        group id may be what is wrong with it. A rejected sample's copy (a redelivery) is counted once;
+        one whose sample id is itself invalid has no identity to be a copy of, and is counted each time."""
         group_id = message.key.decode("utf-8", "replace") if message.key else None
         try:
             sample = codec.decode(message.value, expect=TrainSample)
@@ -75,7 +76,7 @@ class BatchAssembler:
         if problem is None:
             self.add(sample, message)
             return
-        if not self.remember(sample.sample_id):  # a copy of a sample dead-lettered already
+        if id_problem(sample.sample_id) is None and not self.remember(sample.sample_id):  # a copy
             self.duplicates += 1
             return
         reject(message, f"invalid sample {clipped(sample.sample_id)}: {problem}", error)
