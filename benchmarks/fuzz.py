@@ -217,7 +217,7 @@ def attach(pipeline: Pipeline, out: Injector, codec: Codec, chosen_kinds: list[K
             except AstraFlowError as exc:
                 producer.dead_letter(message, f"undecodable task: {exc}", exc)
                 continue
-            problem = task_problem(task, {"main": None})
+            problem = task_problem(task, {"main": None}, config.rollout.group_size)
             if problem is not None:
                 producer.dead_letter(message, f"invalid task {task.task_id}: {problem}")
         reader = FeedbackReader(feeder, _Curator())

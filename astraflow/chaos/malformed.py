@@ -49,8 +49,6 @@ TOPICS = {
 """Each topic kind a non-trainer role writes and a component reads, and the record type of its good record."""
 Build = Callable[[Any, random.Random, Codec], "bytes | None"]
 
-TASK_GAP = "producers/rollout/component.py: task_problem does not know the policy's rollout.group_size"
-
 
 @dataclass(frozen=True)
 class Kind:
@@ -326,7 +324,7 @@ _KINDS = [
     *_encodings(S, "TrainSample", lambda good: good.trajectory),
     # tasks: written by the feeder, read by rollout producers (RolloutProducer._runnable, task_problem)
     *(K(TASK, f"group_size.{v}", _set(group_size=v)) for v in (0, -1, 1025)),
-    K(TASK, "group_size.plus_one", _set(group_size=lambda g, r: g.group_size + 1), gap=TASK_GAP),
+    K(TASK, "group_size.plus_one", _set(group_size=lambda g, r: g.group_size + 1)),
     K(TASK, "metadata.not_a_number", _set(metadata={"version.main": "nan"})),
     K(TASK, "metadata.superscript", _set(metadata={"version.main": "²"})),
     K(TASK, "metadata.future", _set(metadata={"version.main": str(2**31)})),

@@ -161,10 +161,11 @@ def test_a_row_too_large_for_a_task_is_dead_lettered_and_the_feeder_goes_on(ctx:
         ({"group_size": 0}, "group_size: 0 is not in 1..1024"),
         ({"group_size": 5000}, "group_size: 5000 is not in 1..1024"),
         ({"metadata": {"version.main": "three"}}, "metadata: version.main is 'three', not a version number"),
+        ({"group_size": 3}, "group_size: 3, but the policy's rollout.group_size is 2"),
         ({}, None),
     ],
 )
 def test_a_task_the_producer_cannot_run_is_named(changes: dict, problem: str | None) -> None:
     fields = {"group_size": 2, "metadata": {"version.main": "3"}} | changes
     task = RolloutTask("t", "p", "t", "math", "1+1=", "2", fields["group_size"], 0, 0, fields["metadata"])
-    assert task_problem(task, {"main": object()}) == problem
+    assert task_problem(task, {"main": object()}, 2) == problem

@@ -166,7 +166,7 @@ class RolloutProducer:
             except AstraFlowError as exc:
                 outbox.dead_letter(message, f"undecodable task: {exc}", exc)
                 continue
-            problem = task_problem(task, self.engines)
+            problem = task_problem(task, self.engines, self.ctx.config.rollout.group_size)
             if problem is not None:
                 outbox.dead_letter(message, f"invalid task {task.task_id}: {problem}")
                 continue
@@ -262,17 +262,21 @@ class RolloutProducer:
                 ctx.metric(ROLLOUT_MEAN_REWARD, float(np.mean(values)), version, **labels)
 
 
-def task_problem(task: RolloutTask, engines: dict) -> str | None:
+def task_problem(task: RolloutTask, engines: dict, group_size: int | None = None) -> str | None:
     """Why a task record cannot be run, or ``None``: its ids (``schemas.validation.id_problem``: its
-    trajectories would carry them), its group size, and the versions it waits for - ASCII digits (``int``
-    takes ``"²"`` for no number and raises later) within int32, the width of every version a record holds
-    (a task waiting for a version beyond it would hold its partition for ever)."""
+    trajectories would carry them); its group size, within bounds and, when ``group_size`` (the policy's
+    ``rollout.group_size``) is given, equal to it (the stream would reject each of its trajectories); and
+    the versions it waits for - ASCII digits (``int`` takes ``"²"`` for no number and raises later)
+    within int32, the width of every version a record holds (a task waiting for a version beyond it
+    would hold its partition for ever)."""
     for name in ("task_id", "prompt_id", "group_id", "workflow"):
         problem = id_problem(getattr(task, name))
         if problem is not None:
             return f"{name}: {problem}"
     if not 1 <= task.group_size <= MAX_GROUP_SIZE:
         return f"group_size: {task.group_size} is not in 1..{MAX_GROUP_SIZE}"
+    if group_size is not None and task.group_size != group_size:
+        return f"group_size: {task.group_size}, but the policy's rollout.group_size is {group_size}"
     for policy in engines:
         version = task.metadata.get(f"version.{policy}", "-1")
         if VERSION.fullmatch(version) is None or not -1 <= int(version) < 2**31:
