@@ -51,12 +51,19 @@ ON_FAILURE_ONLY = {
 """Points no run of the math example reaches, and where they are reached instead."""
 ONCE_PER_PROCESS = frozenset({"trainer.flush_start"})
 """Points a process passes once (its start): armed on their first pass, not ``--passes``."""
+RARE_AFTER_RESTART = frozenset({"checkpoint.prune"})
+"""Points a restarted trainer may pass only once before the version target (pruning needs more named
+checkpoints than ``keep``): armed on their first pass when they are the second kill of a pair."""
 AFTER = {
     "checkpoint.remove_uncommitted": "trainer.checkpoint_written",
     "checkpoint.remove_unfinished": "checkpoint.fsync_file",
 }
 """Points on a recovery path, reached only by a process started after a crash at another point: the
 checkpoint of a version that never committed, a checkpoint directory left half written."""
+SETTINGS = {"checkpoint.remove_uncommitted": {"checkpoint_every": 1}}
+"""``train`` settings a point's runs need over the walk's. A restarted trainer numbers its first version
+after the ledger's highest, so it writes the checkpoint of a number that has an uncommitted one only when
+that number is the next checkpoint due: with ``checkpoint_every`` 1 (with 3, the next due is 3 above)."""
 
 
 def applicable(point: str, setup: str) -> str | None:
@@ -90,7 +97,8 @@ def plans(points: list[str], setup: str, passes: int) -> list[tuple[str, list[st
             pairs.append((f"{point} twice", [armed(point, passes)] * 2))
             following = next((p for p in points[index + 1 :] if p.startswith(TRAINER_STAGES)), None)
             if following and not applicable(following, setup) and following not in AFTER:
-                pairs.append((f"{point} then {following}", [armed(point, passes), armed(following, passes)]))
+                second = armed(following, 1 if following in RARE_AFTER_RESTART else passes)
+                pairs.append((f"{point} then {following}", [armed(point, passes), second]))
     return singles + pairs
 
 
@@ -119,6 +127,7 @@ def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path, sa
     try:
         for label, entries in plans(points, setup, args.passes):
             print(f"{setup}: {label}", flush=True)
+            train = {**overrides["train"], **SETTINGS.get(label, {})}
             result = armed_run(
                 work / setup,
                 f"run{len(runs)}",
@@ -127,7 +136,7 @@ def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path, sa
                 bootstrap=broker.bootstrap if broker else None,
                 versions=args.versions,
                 minutes=args.minutes,
-                overrides=overrides,
+                overrides={**overrides, "train": train},
             )
             runs.append({"label": label, **result.to_dict()})
             print(f"  {result.problems or 'ok'}{' (unreached)' if result.unreached else ''}", flush=True)
