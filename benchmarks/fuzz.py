@@ -196,7 +196,7 @@ def attach(pipeline: Pipeline, out: Injector, codec: Codec, chosen_kinds: list[K
     from astraflow.infra.launch.launcher import ForgeryReporter
     from astraflow.infra.launch.monitor import RunMonitor
     from astraflow.producers.feeder.feedback import FeedbackReader
-    from astraflow.producers.rollout.component import task_problem
+    from astraflow.producers.rollout.component import invalid_task, task_problem
     from astraflow.schemas.records import RolloutTask
 
     config, topics = load_config(pipeline.config), pipeline.topics
@@ -219,7 +219,7 @@ def attach(pipeline: Pipeline, out: Injector, codec: Codec, chosen_kinds: list[K
                 continue
             problem = task_problem(task, {"main": None}, config.rollout.group_size)
             if problem is not None:
-                producer.dead_letter(message, f"invalid task {task.task_id}: {problem}")
+                producer.dead_letter(message, invalid_task(task, problem))
         reader = FeedbackReader(feeder, _Curator())
         reader.catch_up()
         reader.close()

@@ -168,7 +168,7 @@ class RolloutProducer:
                 continue
             problem = task_problem(task, self.engines, self.ctx.config.rollout.group_size)
             if problem is not None:
-                outbox.dead_letter(message, f"invalid task {task.task_id}: {problem}")
+                outbox.dead_letter(message, invalid_task(task, problem))
                 continue
             tasks.append((task, outbox))
         return tasks
@@ -260,6 +260,12 @@ class RolloutProducer:
             ctx.metric(ROLLOUT_VERSION_LAG, max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
                 ctx.metric(ROLLOUT_MEAN_REWARD, float(np.mean(values)), version, **labels)
+
+
+def invalid_task(task: RolloutTask, problem: str) -> str:
+    """The dead-letter reason of a task ``task_problem`` rejects: its id clipped, since the id may be what
+    is wrong (a MiB of id would push the problem's field past the reason's ``REASON_CHARS``)."""
+    return f"invalid task {clipped(task.task_id)}: {problem}"
 
 
 def task_problem(task: RolloutTask, engines: dict, group_size: int | None = None) -> str | None:
