@@ -156,14 +156,18 @@ def found(runs: list[dict], points: list[str], setup: str) -> dict:
 
 def merge(paths: list[Path], passes: int = 2) -> dict:
     """The shards' setups and runs as one result: a later shard's run of the same label replaces one, and
-    runs the harness no longer plans (a shard of an older version of it) are left out."""
+    runs the harness no longer plans (a shard of an older version of it) are left out. A merged result
+    (the committed one) may be a shard: its own shards are listed, its runs taken as the rest are."""
     points = sorted({name for name, _, _ in crash_point_names()})
     merged: dict = {"setups": {}, "shards": []}
     for path in paths:
         shard = json.loads(path.read_text())
-        merged["shards"].append(
-            {"file": path.name, "inputs": shard.get("inputs"), "provenance": shard.get("provenance")}
-        )
+        if "shards" in shard:
+            merged["shards"] += shard["shards"]
+        else:
+            merged["shards"].append(
+                {"file": path.name, "inputs": shard.get("inputs"), "provenance": shard.get("provenance")}
+            )
         for setup, found in shard["setups"].items():
             target = merged["setups"].setdefault(setup, {"runs": [], "not_applicable": {}, "failed": []})
             planned = {label for label, _ in plans(points, setup, passes)}
