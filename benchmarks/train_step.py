@@ -1,4 +1,5 @@
-"""AstraFlow's train step against a bare PyTorch step on the same batch (issue #25).
+"""AstraFlow's train step against a bare PyTorch step on the same batch (issue #25), and what a KL term
+to a reference policy adds to it (issue #55).
 
 The batch is one step of the math example: 64 prompts x 8 responses sampled by the torch engine from
 the warmed-up base (``astraflow warmup``'s cached checkpoint), with random ±1 advantages, written to
@@ -7,11 +8,14 @@ first over ``--rounds`` rounds:
 
 - ``bare``: ``benchmarks/bare_step.py``, a standalone script with no project imports (the reference);
 - ``astraflow``: ``PolicyTrainer.step`` (``training/step.py``) with the math example's settings,
-  the path the trainer takes for every version.
+  the path the trainer takes for every version;
+- ``astraflow_kl``: the same with ``train.kl`` on (``KL``: the base as reference, k3): one more
+  forward pass per step, without gradients, through the frozen reference, and the term in the loss.
 
 Each process times ``--reps`` steps after a warm-up step and reports the median; the result is the
-median over rounds per side, and their ratio. Both sides' first losses must agree (same model, same
-batch, same loss), else the script fails.
+median over rounds per side, and the ratios ``astraflow / bare`` and ``astraflow_kl / astraflow``.
+The sides take turns going first. All sides' first losses must agree (same model, same batch, same
+loss; the KL term is 0 at the first step, where the policy is its reference), else the script fails.
 
     .venv/bin/python benchmarks/train_step.py [--rounds 3] [--reps 10] [--threads 2]
 
@@ -36,6 +40,9 @@ from provenance import begin, finish
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 EXAMPLE = REPO / "examples" / "math" / "config.yaml"
+SIDES = ("bare", "astraflow", "astraflow_kl")
+KL = {"coef": 0.001, "estimator": "k3", "reference": "base"}
+"""``train.kl`` of the ``astraflow_kl`` side: what it costs does not depend on the coefficient."""
 
 
 def warmed_run_dir(work: Path) -> Path:
@@ -86,8 +93,8 @@ def write_batch(run_dir: Path, out: Path, prompts: int = 64, group: int = 8, see
     )
 
 
-def astraflow_child(base: str, batch: str, threads: int, reps: int) -> dict:
-    """In a process: the median seconds of ``PolicyTrainer.step`` on the batch."""
+def astraflow_child(base: str, batch: str, threads: int, reps: int, kl: bool = False) -> dict:
+    """In a process: the median seconds of ``PolicyTrainer.step`` on the batch (with ``kl``: the KL term of ``KL``)."""
     import numpy as np
     import torch
 
@@ -97,7 +104,7 @@ def astraflow_child(base: str, batch: str, threads: int, reps: int) -> dict:
     from astraflow.training.step import PolicyExample
 
     torch.set_num_threads(threads)
-    config = load_config(EXAMPLE)
+    config = load_config(EXAMPLE, {"train.kl": KL} if kl else None)
     model, tokenizer = load_policy(base)
     learner = build_learner("torch", model, tokenizer.pad_token_id, step_config(config.train, config.rollout))
     data = np.load(batch)
@@ -126,7 +133,7 @@ def run_side(side: str, base: Path, batch: Path, threads: int, reps: int) -> dic
         command = [sys.executable, str(REPO / "benchmarks" / "bare_step.py"), "--model", str(base)]
         command += ["--batch", str(batch), "--threads", str(threads), "--reps", str(reps)]
     else:
-        command = [sys.executable, __file__, "--child", str(base), str(batch), str(threads), str(reps)]
+        command = [sys.executable, __file__, "--child", str(base), str(batch), str(threads), str(reps), side]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
@@ -140,11 +147,13 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(5, 4))
-    sides = ["bare", "astraflow"]
-    axis.bar(sides, [summary["median_step_s"][side] for side in sides], color=["#888", "#48c"])
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.bar(SIDES, [summary["median_step_s"][side] for side in SIDES], color=["#888", "#48c", "#c84"])
     axis.set_ylabel("seconds per step (median)")
-    axis.set_title(f"512 sequences, tiny model: {summary['astraflow_over_bare']:.2f}x")
+    axis.set_title(
+        f"512 sequences, tiny model: {summary['astraflow_over_bare']:.2f}x bare, "
+        f"KL term {summary['kl_over_astraflow']:.2f}x"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -154,11 +163,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        base, batch, threads, reps = args.child
-        print(json.dumps(astraflow_child(base, batch, int(threads), int(reps))))
+        base, batch, threads, reps, side = args.child
+        print(json.dumps(astraflow_child(base, batch, int(threads), int(reps), kl=side == "astraflow_kl")))
         return
     record = begin(EXAMPLE)
     with tempfile.TemporaryDirectory() as work:
@@ -166,18 +175,30 @@ def main() -> None:
         base = run_dir / "base"
         batch = Path(work) / "batch.npz"
         write_batch(run_dir, batch)
-        rounds: dict[str, list[dict]] = {"bare": [], "astraflow": []}
+        rounds: dict[str, list[dict]] = {side: [] for side in SIDES}
         for round_ in range(args.rounds):
-            for side in ("bare", "astraflow") if round_ % 2 == 0 else ("astraflow", "bare"):
+            first = round_ % len(SIDES)
+            for side in SIDES[first:] + SIDES[:first]:
                 rounds[side].append(run_side(side, base, batch, args.threads, args.reps))
                 print(f"round {round_} {side}: {rounds[side][-1]['step_s']:.4f} s", flush=True)
     losses = {side: rows[0]["first_loss"] for side, rows in rounds.items()}
-    if abs(losses["bare"] - losses["astraflow"]) > 1e-4 * max(1.0, abs(losses["bare"])):
-        raise SystemExit(f"the two sides computed different losses on the same batch: {losses}")
+    if any(abs(losses["bare"] - loss) > 1e-4 * max(1.0, abs(losses["bare"])) for loss in losses.values()):
+        raise SystemExit(f"the sides computed different losses on the same batch: {losses}")
     median = {side: statistics.median(row["step_s"] for row in rows) for side, rows in rounds.items()}
-    summary = {"median_step_s": median, "astraflow_over_bare": median["astraflow"] / median["bare"], "losses": losses}
+    summary = {
+        "median_step_s": median,
+        "astraflow_over_bare": median["astraflow"] / median["bare"],
+        "kl_over_astraflow": median["astraflow_kl"] / median["astraflow"],
+        "losses": losses,
+    }
     result = {
-        "inputs": {"rounds": args.rounds, "reps": args.reps, "threads": args.threads, "batch": "64 x 8, math base"},
+        "inputs": {
+            "rounds": args.rounds,
+            "reps": args.reps,
+            "threads": args.threads,
+            "batch": "64 x 8, math base",
+            "kl": KL,
+        },
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "rounds": rounds,
         "summary": summary,

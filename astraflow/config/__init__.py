@@ -32,9 +32,12 @@ from astraflow.config.scaler import ScalerConfig
 from astraflow.config.stop import StopConfig
 from astraflow.config.stream import AcceptAllCurator, CuratorSpec, FilterSolvedCurator, GresoCurator, StreamConfig
 from astraflow.config.train import (
+    AdaptiveKlOptions,
     Aggregation,
     DeepSpeedOptions,
     FsdpOptions,
+    KlConfig,
+    KlEstimator,
     LossConfig,
     SimulatedTrainerOptions,
     TrainConfig,
@@ -43,6 +46,7 @@ from astraflow.config.weights import WeightsConfig
 
 __all__ = [
     "AcceptAllCurator",
+    "AdaptiveKlOptions",
     "AgentConfig",
     "Aggregation",
     "CuratorSpec",
@@ -53,6 +57,8 @@ __all__ = [
     "FsdpOptions",
     "GresoCurator",
     "KafkaSecurity",
+    "KlConfig",
+    "KlEstimator",
     "LogConfig",
     "LossConfig",
     "ModelConfig",

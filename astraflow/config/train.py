@@ -1,5 +1,5 @@
-"""The ``train`` section: the trainer's optimizer, its loss (``train.loss``), its backends (DeepSpeed, FSDP2,
-simulated) and how many ranks train together (``train.world_size``)."""
+"""The ``train`` section: the trainer's optimizer, its loss (``train.loss``), its KL term to a reference policy
+(``train.kl``), its backends (DeepSpeed, FSDP2, simulated) and how many ranks train together (``train.world_size``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-n
 """How the token losses of a batch become one loss (``train.loss.aggregation``; ``training/loss.py``)."""
 
 Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+"""The per-token estimate of KL(π_θ ‖ π_ref) of ``train.kl.estimator`` (``training/kl.py``)."""
 
 
 class DeepSpeedOptions(Section):
@@ -102,6 +105,65 @@ class LossConfig(Section):
     )
 
 
+class AdaptiveKlOptions(Section):
+    """``train.kl.adaptive``: a coefficient steered toward a target KL (Ziegler et al. 2019; verl's ``kl_ctrl``
+    of type ``adaptive``). After each step β ← β · (1 + clip(KL / target − 1, −0.2, 0.2) · samples / horizon),
+    KL being the step's mean estimate per trained token and samples its batch's."""
+
+    target: float = Field(default=0.1, gt=0.0, le=100.0)
+    """The KL per trained token (nats, as ``train.kl.estimator`` estimates it) the coefficient steers toward
+    (verl's ``target_kl``)."""
+    horizon: int = Field(default=10_000, ge=1, le=100_000_000)
+    """Samples over which a KL off target by 20% or more moves the coefficient by about a factor e^0.2 (verl's
+    ``horizon``)."""
+
+
+class KlConfig(Section):
+    """``train.kl``: a KL penalty to a reference policy in the trainer's loss (docs/algorithms.md, "KL to a
+    reference policy").
+
+    loss = policy loss + β · (the per-token estimate of KL(π_θ ‖ π_ref), masked and aggregated as the policy
+    loss). The reference's log-probs take one more forward pass per micro-batch, without gradients, through
+    a frozen copy of the model that each rank holds as it holds the policy (sharded alike under FSDP2 and
+    ZeRO-3). The simulated backend computes no loss and ignores it.
+    """
+
+    coef: float = Field(default=0.0, ge=0.0, le=1000.0)
+    """β, the coefficient of the KL term (TRL's ``beta``, verl's ``kl_loss_coef``); 0 turns the term off and
+    builds no reference model. With ``adaptive`` it is the starting value."""
+    estimator: KlEstimator = "k3"
+    (
+        'The per-token estimate, with log r = log π_ref − log π_θ (Schulman, "Approximating KL Divergence"): '
+        "``k1`` (−log r), ``k2`` (½ (log r)²), ``k3`` ((r − 1) − log r, TRL's) or ``low_var_kl`` (verl's: k3 "
+        "clamped to [−10, 10])."
+    )
+    reference: Literal["base", "sync"] = "base"
+    (
+        "``base``: the base checkpoint the run started from, for the whole run; ``sync``: the policy itself, "
+        "re-synced every ``sync_every`` versions (TRL's ``sync_ref_model``). After a restart a ``sync`` reference "
+        "starts again from the restored weights."
+    )
+    sync_every: int | None = Field(default=None, ge=1, le=1_000_000)
+    """With ``reference: sync``: the reference is re-synced after every version that is a multiple of it
+    (TRL's ``ref_model_sync_steps``, in versions)."""
+    sync_mixup: float = Field(default=1.0, gt=0.0, le=1.0)
+    """With ``reference: sync``: a sync sets π_ref ← α π_θ + (1 − α) π_ref, weight by weight (TRL's
+    ``ref_model_mixup_alpha``, whose default is 0.6); 1 copies the policy."""
+    adaptive: AdaptiveKlOptions | None = None
+    """Steer the coefficient toward a target KL (``train.kl.adaptive``); unset: β stays ``coef``."""
+
+    @model_validator(mode="after")
+    def _options_fit_the_reference(self) -> "KlConfig":
+        if self.reference == "sync" and self.sync_every is None:
+            raise ValueError("train.kl.sync_every: reference 'sync' needs it (the versions between two syncs)")
+        given = [name for name, unset in (("sync_every", None), ("sync_mixup", 1.0)) if getattr(self, name) != unset]
+        if self.reference == "base" and given:
+            raise ValueError(f"train.kl.{given[0]}: only reference 'sync' is re-synced; reference is 'base'")
+        if self.adaptive is not None and self.coef == 0.0:
+            raise ValueError("train.kl.adaptive: needs train.kl.coef above 0 (its starting value; 0 never moves)")
+        return self
+
+
 class TrainConfig(Section):
     batch_samples: int = Field(default=256, ge=1, le=16384)
     """Samples (responses) per optimizer step; groups are never split across steps. At most 16,384: a
@@ -145,6 +207,8 @@ class TrainConfig(Section):
     simulated: SimulatedTrainerOptions = SimulatedTrainerOptions()
     loss: LossConfig = LossConfig()
     """Aggregation, importance-weight cap, decoupling, AdamW betas and micro-batches (docs/algorithms.md#losses)."""
+    kl: KlConfig = KlConfig()
+    """A KL penalty to a reference policy: coefficient, estimator, reference, adaptive coefficient; off by default."""
 
     @model_validator(mode="after")
     def _ranks_have_a_backend(self) -> "TrainConfig":

@@ -114,8 +114,8 @@ TRAIN_VERSION = "train.version"
 (the restored or base version) and after every optimizer step."""
 
 TRAIN_LOSS = "train.loss"
-"""PPO-clip loss of the step's batch, summed over its micro-batches (dimensionless; 0 for the
-simulated backend). ``step``: the version the step produced."""
+"""PPO-clip loss of the step's batch, with its KL term where ``train.kl`` has one, summed over its
+micro-batches (dimensionless; 0 for the simulated backend). ``step``: the version the step produced."""
 
 TRAIN_GRAD_NORM = "train.grad_norm"
 """Gradient norm of the step before clipping (dimensionless; 0 for the simulated backend).
@@ -163,6 +163,15 @@ TRAIN_TRUNCATED_FRACTION = "train.truncated_fraction"
 TRAIN_BEHAVIOUR_KL = "train.behaviour_kl"
 """Token-weighted k3 estimate of KL(pi_b || pi_theta) against the behaviour policy (nats per token).
 ``step``: the version the step produced."""
+
+TRAIN_KL = "train.kl"
+"""Only with a KL term (``train.kl.coef`` above 0): token-weighted mean over the trained tokens of the
+per-token estimate of KL(pi_theta || pi_ref) to the reference policy, by ``train.kl.estimator``
+(nats per token). ``step``: the version the step produced."""
+
+TRAIN_KL_COEF = "train.kl_coef"
+"""Only with a KL term: the coefficient beta the step weighted it by (dimensionless; fixed, or moved
+after each step by ``train.kl.adaptive``). ``step``: the version the step produced."""
 
 TRAIN_SKIPPED_STEPS = "train.skipped_steps"
 """Optimizer steps skipped because their loss or gradient was not finite (count, cumulative in this

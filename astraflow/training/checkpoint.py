@@ -77,6 +77,8 @@ class TrainerState:
     """The trainer epoch whose ledger entry names this version (0: written before the ledger existed)."""
     published_full: bool = False
     """Whether the version is published whole, so that its ledger entry's sha256 is of these weights."""
+    kl_coef: float | None = None
+    """β of the next step's KL term (``train.kl``; an adaptive one moves); ``None``: no KL term."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -86,6 +88,7 @@ class TrainerState:
                 "trained_samples": self.trained_samples,
                 "epoch": self.epoch,
                 "published_full": self.published_full,
+                "kl_coef": self.kl_coef,
             }
         )
 
@@ -94,7 +97,12 @@ class TrainerState:
         raw = json.loads(text)
         offsets = {int(partition): offset for partition, offset in raw["offsets"].items()}
         return cls(
-            raw["version"], offsets, raw["trained_samples"], raw.get("epoch", 0), raw.get("published_full", False)
+            raw["version"],
+            offsets,
+            raw["trained_samples"],
+            raw.get("epoch", 0),
+            raw.get("published_full", False),
+            raw.get("kl_coef"),
         )
 
 

@@ -10,6 +10,7 @@ nothing and sleeps each step's modelled time.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,6 +38,13 @@ class Learner(Protocol):
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples``; ``version`` grows by one."""
 
+    @property
+    def kl_coef(self) -> float | None:
+        """β of the next step's KL term (``train.kl``), which checkpoints keep; ``None`` without one."""
+
+    def resume_kl(self, coef: float | None) -> None:
+        """After a checkpoint is loaded: its β, and the KL term's reference made whole again."""
+
 
 def step_config(train: TrainConfig, rollout: RolloutConfig) -> PolicyStepConfig:
     """The learner's settings from a policy's ``train`` and ``rollout`` sections.
@@ -50,6 +58,7 @@ def step_config(train: TrainConfig, rollout: RolloutConfig) -> PolicyStepConfig:
     loss = train.loss.model_dump()
     loss["max_tokens"] = train.loss.max_tokens or rollout.max_new_tokens
     return PolicyStepConfig(
+        kl=train.kl,
         lr=train.lr,
         lr_warmup_steps=train.lr_warmup_versions,
         lr_decay_steps=train.lr_decay_versions,
@@ -122,7 +131,9 @@ def build_learner(
     ranks: Ranks = SINGLE,
 ) -> Learner:
     """The learner of backend ``name`` over ``model``, with the optimizer settings of ``config``; with
-    several ``ranks`` each one trains its share of every batch (``PolicyTrainer.step``)."""
+    several ``ranks`` each one trains its share of every batch (``PolicyTrainer.step``). With a KL term
+    (``config.kl``) the reference is a copy of ``model`` taken before the backend wraps it."""
+    reference = copy.deepcopy(model) if config.kl.coef > 0.0 and name != "simulated" else None
     backend = build_backend(
         name,
         model,
@@ -137,4 +148,4 @@ def build_learner(
     )
     if isinstance(backend, SimulatedBackend):
         return SimulatedLearner(model, pad_id, config, backend)
-    return PolicyTrainer(backend.model, pad_id, config, backend=backend, ranks=ranks)
+    return PolicyTrainer(backend.model, pad_id, config, backend=backend, ranks=ranks, reference=reference)

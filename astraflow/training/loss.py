@@ -23,7 +23,8 @@ start of the update. Departures and choices:
   ``seq-mean-token-sum-norm`` (Dr.GRPO) divides by sequences × a constant token budget.
   ``denominator`` overrides the count (tokens or sequences) when a batch is split into
   micro-batches, so that accumulated gradients equal the full-batch gradient.
-- No KL penalty (β = 0, as in DAPO and TRL's default).
+- No KL penalty here: ``train.kl`` adds one to this loss in ``PolicyTrainer`` (``training/kl.py``),
+  aggregated by ``aggregate`` as this loss is; off by default (β = 0, as in DAPO and TRL's default).
 
 All log-probs must use the same temperature convention as the engine (log_softmax(logits / T)).
 """
@@ -73,7 +74,7 @@ def ppo_clip_loss(
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T]
-    loss = _aggregate(per_token, mask, aggregation, denominator, max_tokens)
+    loss = aggregate(per_token, mask, aggregation, denominator, max_tokens)
 
     with torch.no_grad():
         count = mask.sum().clamp(min=1.0)
@@ -93,13 +94,14 @@ def ppo_clip_loss(
     return loss, stats
 
 
-def _aggregate(
+def aggregate(
     per_token: torch.Tensor,  # [B, T]
     mask: torch.Tensor,  # [B, T] float
     aggregation: Aggregation,
     denominator: float | None,
     max_tokens: int | None,
 ) -> torch.Tensor:
+    """The batch loss of ``per_token`` over the ``mask``ed tokens, by ``aggregation`` (module docstring)."""
     masked = per_token * mask
     sequences = float(per_token.shape[0])
     if aggregation == "token-mean":

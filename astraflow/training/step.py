@@ -9,6 +9,7 @@ temperature T (see ``engines/sampling.py``); a different T here would bias every
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -18,11 +19,13 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from astraflow.config import KlConfig
 from astraflow.core.errors import NonFiniteStepError
 from astraflow.engines.sampling import left_pad
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.backends.torch_adamw import TorchBackend
 from astraflow.training.distributed import SINGLE, Ranks, all_reduce_sum, share
+from astraflow.training.kl import KlPenalty
 from astraflow.training.loss import Aggregation, ppo_clip_loss
 
 
@@ -158,6 +161,7 @@ class PolicyStepConfig:
     aggregation: Aggregation = "token-mean"
     max_tokens: int | None = None  # the constant token budget of "seq-mean-token-sum-norm" (Dr.GRPO)
     micro_batch_size: int | None = None  # split a batch for memory; gradients are unchanged
+    kl: KlConfig = field(default_factory=KlConfig)  # a KL term to a reference policy (training/kl.py); off at coef 0
 
 
 @dataclass
@@ -180,6 +184,10 @@ class PolicyTrainer:
     The lr of each step is a function of ``version`` (``lr_factor``), not of a scheduler's own
     counter, so a trainer resumed from a checkpoint only needs its version restored. The optimizer
     lives in a ``TrainerBackend`` (``train.backend``: plain torch unless another one is passed).
+
+    With ``config.kl.coef`` above 0 the loss has a KL term to a frozen reference (``training/kl.py``):
+    ``reference`` is an unwrapped copy of the weights the policy starts from, which the backend places
+    and shards as it holds the policy; without a backend passed in, the trainer copies ``model`` itself.
     """
 
     def __init__(
@@ -190,16 +198,35 @@ class PolicyTrainer:
         version: int = 0,
         backend: TrainerBackend | None = None,
         ranks: Ranks = SINGLE,
+        reference: torch.nn.Module | None = None,
     ) -> None:
         self.model = model
         self.ranks = ranks
         self.pad_id = pad_id
         self.config = config
         self.version = version
+        self.kl: KlPenalty | None = None
+        if config.kl.coef > 0.0 and reference is None and backend is None:
+            reference = copy.deepcopy(model)
+        elif config.kl.coef > 0.0 and reference is None:
+            raise ValueError("a KL term needs a copy of the starting weights made before the backend wrapped them")
         self.backend = backend or TorchBackend(
             model, config.lr, config.betas, config.weight_decay, config.max_grad_norm
         )
         self.optimizer = self.backend.optimizer
+        if config.kl.coef > 0.0:
+            self.kl = KlPenalty(config.kl, self.backend.frozen(reference), self.backend)
+
+    @property
+    def kl_coef(self) -> float | None:
+        """β of the next step's KL term; ``None`` without one (what a checkpoint keeps of it)."""
+        return None if self.kl is None else self.kl.coefficient.value
+
+    def resume_kl(self, coef: float | None) -> None:
+        """After a checkpoint is loaded into the model: its β (``coef``), and a ``sync`` reference re-synced to
+        the restored weights (``KlPenalty.resume``)."""
+        if self.kl is not None:
+            self.kl.resume(coef)
 
     def step(self, examples: Sequence[PolicyExample]) -> StepStats:
         """One optimizer step on all of ``examples`` (split into micro-batches if configured).
@@ -224,6 +251,9 @@ class PolicyTrainer:
             last = index == len(parts) - 1
             with self.backend.accumulating(last):
                 batch = collate(part, self.pad_id, self.model.device)
+                if self.kl is not None:  # the reference's forward first: it keeps no activations
+                    with torch.no_grad():
+                        reference_logprobs = response_logprobs(self.kl.reference, batch, config.temperature)
                 logprobs = response_logprobs(self.backend.module, batch, config.temperature)
                 loss, stats = ppo_clip_loss(
                     logprobs,
@@ -238,6 +268,17 @@ class PolicyTrainer:
                     denominator=max(denominator, 1.0),
                     max_tokens=config.max_tokens,
                 )
+                if self.kl is not None:
+                    term, kl_sum = self.kl.term(
+                        logprobs,
+                        reference_logprobs,
+                        batch.loss_mask,
+                        config.aggregation,
+                        max(denominator, 1.0),
+                        config.max_tokens,
+                    )
+                    loss = loss + term
+                    weighted["kl"] = weighted.get("kl", 0.0) + kl_sum
                 (part_loss,) = all_reduce_sum([float(loss.detach())], ranks)
                 total_loss += part_loss
                 if not math.isfinite(total_loss):  # its gradient would be too: stop before it reaches the weights
@@ -255,6 +296,10 @@ class PolicyTrainer:
         if not math.isfinite(grad_norm):  # the backend left the weights and optimizer state as they were
             raise NonFiniteStepError(f"gradient norm {grad_norm} is not finite (version {self.version}, step skipped)")
         self.version += 1
+        loss_stats = {name: value / max(tokens, 1.0) for name, value in weighted.items() if name != "tokens"}
+        if self.kl is not None:
+            loss_stats["kl_coef"] = self.kl.coefficient.value  # the β of this step, before it adapts
+            self.kl.after_step(self.version, loss_stats["kl"], len(examples))
         return StepStats(
             version=self.version,
             loss=total_loss,
@@ -263,7 +308,7 @@ class PolicyTrainer:
             sequences=len(examples),
             tokens=int(tokens),
             seconds=time.perf_counter() - started,
-            loss_stats={name: value / max(tokens, 1.0) for name, value in weighted.items() if name != "tokens"},
+            loss_stats=loss_stats,
         )
 
     def _parts(self, examples: Sequence[PolicyExample]) -> list[Sequence[PolicyExample]]:

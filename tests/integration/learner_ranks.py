@@ -8,6 +8,10 @@ from rank 0 to ``OUT`` (``torch.save``) the full weights as the trainer's publis
 (``to_transfer`` of ``backend.full_state``, read by every rank), each step's loss and gradient norm,
 and for ``fsdp`` the full optimizer state of a checkpoint.
 
+``--kl`` trains with the KL term of ``KL`` (``train.kl``: a reference re-synced half-way every two
+versions, an adaptive coefficient), held by every rank as the backend holds the policy; each step's
+figures then add the step's mean KL and its coefficient.
+
 Options, for the tests of resuming under another world size:
 
 - ``--save-after K DIR``: after the K-th step, every rank writes its part of a checkpoint into DIR
@@ -19,13 +23,14 @@ Options, for the tests of resuming under another world size:
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from astraflow.config.train import DeepSpeedOptions
+from astraflow.config.train import AdaptiveKlOptions, DeepSpeedOptions, KlConfig
 from astraflow.training.checkpoint import TrainerState
 from astraflow.training.distributed import Ranks, init_group
 from astraflow.training.learner import build_learner
@@ -34,6 +39,10 @@ from astraflow.weights.payload import to_transfer
 
 SPEC = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
 STEP = PolicyStepConfig(lr=1e-3, lr_warmup_steps=0, lr_decay_steps=0, max_grad_norm=0.5, micro_batch_size=2)
+KL = KlConfig(
+    coef=1.0, reference="sync", sync_every=2, sync_mixup=0.5, adaptive=AdaptiveKlOptions(target=1e-4, horizon=50)
+)
+"""Every part of the KL term at once: the reference's forward, a sync of sharded weights, β moving each step."""
 BATCH_SIZES = (7, 5, 8, 1, 6)
 """Five batches: odd sizes give ranks shares of different lengths, 1 leaves a rank with none."""
 
@@ -55,9 +64,14 @@ def batches(vocab_size: int) -> list[list[PolicyExample]]:
 
 
 def train(
-    backend: str, ranks: Ranks, save_after: tuple[int, Path] | None = None, resume: Path | None = None
+    backend: str,
+    ranks: Ranks,
+    save_after: tuple[int, Path] | None = None,
+    resume: Path | None = None,
+    kl: bool = False,
 ) -> tuple[dict[str, torch.Tensor], list[float], object]:
-    """The learner of ``backend`` after one step per batch: (full weights, [loss, norm, ...], learner)."""
+    """The learner of ``backend`` after one step per batch: (full weights, [loss, norm, ...], learner);
+    with ``kl``, the KL term of ``KL`` and [loss, norm, kl, kl_coef, ...]."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
@@ -67,7 +81,8 @@ def train(
     name, deepspeed = backend, None
     if backend.startswith("deepspeed"):
         name, deepspeed = "deepspeed", DeepSpeedOptions(zero_stage=int(backend.removeprefix("deepspeed")))
-    learner = build_learner(name, model, tokenizer.pad_token_id, STEP, ranks=ranks, deepspeed=deepspeed)
+    step = replace(STEP, kl=KL) if kl else STEP
+    learner = build_learner(name, model, tokenizer.pad_token_id, step, ranks=ranks, deepspeed=deepspeed)
     done = 0
     if resume is not None:
         done = learner.backend.load_shards(resume).version
@@ -78,6 +93,8 @@ def train(
             continue
         stats = learner.step(batch)
         figures += [stats.loss, stats.grad_norm]
+        if kl:
+            figures += [stats.loss_stats["kl"], stats.loss_stats["kl_coef"]]
         if save_after is not None and index + 1 == save_after[0]:
             directory = save_after[1]
             directory.mkdir(parents=True, exist_ok=True)
@@ -96,7 +113,7 @@ def main(backend: str, out: str, *options: str) -> None:
         save_after = (int(options[at + 1]), Path(options[at + 2]))
     if "--resume" in options:
         resume = Path(options[options.index("--resume") + 1])
-    weights, figures, learner = train(backend, ranks, save_after, resume)
+    weights, figures, learner = train(backend, ranks, save_after, resume, kl="--kl" in options)
     optimizer = learner.optimizer.state_dict() if backend == "fsdp" else None  # a collective: every rank
     if ranks.leader:
         torch.save({"weights": weights, "figures": figures, "optimizer": optimizer}, out)

@@ -11,6 +11,13 @@ fp32; they differ only in the order of the gradient sums (per rank, then all-red
 relative per step, and Adam's update is bounded by lr (1e-3), so rounding stays near 1e-7 (measured
 1.2e-7); a wrong share, a sample trained twice or a wrong loss normalisation moves weights by ~lr.
 
+With the KL term of ``learner_ranks.KL`` on (``train.kl``: a frozen reference each rank holds as it holds
+the policy, re-synced half-way every two versions, an adaptive coefficient), FSDP2 ranks, whose
+reference is sharded and synced shard by shard, and ZeRO-3 ranks, whose reference is an engine of its
+own synced partition by partition, again train like one rank with the same term, within the same
+tolerance, and report the same KL and coefficient; the term moves the weights by ~1e-3 against a run
+without it, far beyond the tolerance. (DDP's reference is a whole copy on every rank, as one rank's is.)
+
 ZeRO-3 also resumes under another world size through DeepSpeed's own checkpoints (converted to its
 universal form on load): 2 ranks checkpoint after step 3, 1 rank resumes there and checkpoints after
 step 4, 2 ranks resume there; each run's final weights match the reference within the same
@@ -69,6 +76,25 @@ def test_two_ranks_train_like_one(reference, backend: str, tmp_path: Path) -> No
     if backend == "fsdp":  # the checkpoint's full optimizer state, gathered from the shards
         state = got["optimizer"]["state"]
         assert state and all(float(entry["step"]) == 5 for entry in state.values())
+
+
+@pytest.fixture(scope="module")
+def kl_reference() -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One rank, the plain torch backend, with the KL term: (weights after the five steps, figures)."""
+    weights, figures, _ = train("torch", SINGLE, kl=True)
+    return weights, figures
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed3"], ids=["fsdp2", "zero3"])
+def test_two_ranks_with_a_kl_term_train_like_one(reference, kl_reference, backend: str, tmp_path: Path) -> None:
+    if backend.startswith("deepspeed"):
+        pytest.importorskip("deepspeed", reason="needs deepspeed: scripts/setup.sh test deepspeed")
+    weights, figures = kl_reference
+    got = two_ranks(backend, tmp_path / "rank0.pt", "--kl")
+    assert max_difference(got["weights"], weights) <= TOLERANCE
+    assert got["figures"] == pytest.approx(figures, rel=1e-5, abs=1e-6)  # loss, norm, KL and β of each step
+    assert max(figures[2::4]) > 1e-4 and figures[3::4] != [1.0] * 5  # the term was there, and β moved
+    assert max_difference(weights, reference[0]) > 100 * TOLERANCE  # and it changed what was learned
 
 
 def max_difference(got: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.config import RunConfig, TrainConfig, dump_config, load_config, parse_config
+from astraflow.config import KlConfig, RunConfig, TrainConfig, dump_config, load_config, parse_config
 from astraflow.core.errors import ConfigError
 from astraflow.training.learner import step_config
 from astraflow.training.step import PolicyStepConfig
@@ -55,6 +55,7 @@ KEYS = [
     ("train.loss.max_tokens", 64, "max_tokens", 64),
     ("rollout.max_new_tokens", 9, "max_tokens", 9),
     ("train.loss.micro_batch_size", 16, "micro_batch_size", 16),
+    ("train.kl", {"coef": 0.05, "estimator": "k2"}, "kl", KlConfig(coef=0.05, estimator="k2")),
 ]
 
 

@@ -335,7 +335,10 @@ class Trainer:
 
     def _checkpoint(self, published_full: bool = False) -> None:
         """An atomic checkpoint of the current version, with the offsets after its batch."""
-        state = TrainerState(self.learner.version, dict(self.offsets), self.trained_samples, self.epoch, published_full)
+        learner = self.learner
+        state = TrainerState(
+            learner.version, dict(self.offsets), self.trained_samples, self.epoch, published_full, learner.kl_coef
+        )
         if self.ranks.distributed or self.learner.backend.checkpoints_sharded:  # every rank writes its shards
             tmp = self.checkpoints.begin(state.version)
             self.commands.send("checkpoint", directory=str(tmp))

@@ -73,13 +73,16 @@ def restore_rank(learner: Learner, directory: Path | None, version: int) -> Trai
     """Load the checkpoint in ``directory`` (none: keep the base) into this rank's learner, which
     then trains from ``version``; every rank does it with the directory rank 0 chose. A checkpoint of
     several ranks (``sharded/``, or the deepspeed backend's ``deepspeed/``) loads whatever this world's
-    size; so does one of one rank (``model.pt``) where the backend can take full state dicts."""
+    size; so does one of one rank (``model.pt``) where the backend can take full state dicts. A KL
+    term (``train.kl``) takes the checkpoint's β, and a ``sync`` reference the restored weights."""
     restored = None
     if directory is not None and (is_sharded(Path(directory)) or is_deepspeed(Path(directory))):
         restored = learner.backend.load_shards(Path(directory))
     elif directory is not None:
         learner.backend.check_full_checkpoint(Path(directory))
         restored = load_checkpoint(Path(directory), learner.backend.model_state, learner.optimizer)
+    if restored is not None:
+        learner.resume_kl(restored.kl_coef)
     learner.version = version
     return restored
 

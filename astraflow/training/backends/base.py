@@ -8,6 +8,8 @@ model, optimizer, offsets, version in one atomic directory, whichever backend tr
 ``backend.model`` is always the plain module the weights belong to; ``full_state`` is what the
 trainer publishes and ``model_state`` what checkpoints hold: the model's own ``state_dict`` unless
 the backend shards it over ranks (FSDP2), whose full tensors every rank then gathers together.
+``frozen`` holds a reference model for the KL term (``training/kl.py``) as the backend holds the
+policy, and ``sync_reference`` copies the policy into it, each rank its own part.
 """
 
 from __future__ import annotations
@@ -79,6 +81,25 @@ class TrainerBackend(ABC):
         """The full weights to publish, by name. On a sharded backend its tensors are gathered one at a
         time as they are read, and every rank reads it through, in the same order."""
         return self.model.state_dict()
+
+    def frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` (an unwrapped copy of the policy's starting weights) made ready for forward passes
+        without gradients beside the policy: here on the policy's device and in its dtype; a backend that
+        shards the policy shards it alike, so that ``sync_reference`` copies shard to shard."""
+        weight = next(self.model.parameters())
+        return model.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
+
+    def sync_reference(self, reference: torch.nn.Module, alpha: float) -> None:
+        """reference ← α · policy + (1 − α) · reference, weight by weight, each rank on its own part (the
+        reference came from ``frozen``: placed and sharded as the policy is)."""
+        import torch
+
+        with torch.no_grad():
+            for mine, policy in zip(reference.parameters(), self.model.parameters(), strict=True):
+                if alpha == 1.0:
+                    mine.copy_(policy)
+                else:
+                    mine.mul_(1.0 - alpha).add_(policy, alpha=alpha)
 
     def accumulating(self, last: bool) -> contextlib.AbstractContextManager:
         """Wraps the forward and backward of one micro-batch; ``last`` marks the step's final one, the

@@ -26,6 +26,12 @@ it, so a checkpoint of 2 ranks resumes under 1 and one of 1 rank under 2 (the Ze
 the same). A full checkpoint (``model.pt``) that an earlier single-rank trainer wrote still loads
 into one rank at stage 0-2.
 
+The KL term's reference model (``frozen``) is held as the policy is: a plain copy beside the engine at ZeRO
+0-2 (in its dtype), an engine of its own without an optimizer at ZeRO-3 (as OpenRLHF builds its reference),
+whose parameters are partitioned as the policy's are; a sync there copies each rank's partition of every
+policy parameter into the reference's (``ds_tensor``). Its parameters are never kept gathered between
+forwards (``stage3_param_persistence_threshold`` 0), so a gathered copy cannot go stale after a sync.
+
 First use JIT-compiles DeepSpeed's ops (30-75 s on 2 cores); ``TORCH_EXTENSIONS_DIR`` defaults to
 ``$ASTRAFLOW_CACHE/torch_extensions`` so that happens once per machine.
 """
@@ -177,6 +183,36 @@ class DeepSpeedBackend(TrainerBackend):
 
     def full_state(self) -> Mapping[str, torch.Tensor]:
         return GatheredZeroState(self.model) if self.zero_stage == 3 else self.model.state_dict()
+
+    def frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.zero_stage < 3:
+            return super().frozen(model)
+        import deepspeed
+
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "steps_per_print": 2**31 - 1,
+        }
+        if self.bf16:
+            config["bf16"] = {"enabled": True}
+        model = model.to(rank_device(self.ranks)).requires_grad_(False)
+        with contextlib.redirect_stdout(io.StringIO()):
+            engine, *_ = deepspeed.initialize(model=model, config=config)
+        engine.eval()  # DeepSpeed's returns nothing
+        return engine
+
+    def sync_reference(self, reference: torch.nn.Module, alpha: float) -> None:
+        if self.zero_stage < 3:
+            return super().sync_reference(reference, alpha)
+        import torch
+
+        with torch.no_grad():
+            for mine, policy in zip(reference.module.parameters(), self.model.parameters(), strict=True):
+                if alpha == 1.0:
+                    mine.ds_tensor.copy_(policy.ds_tensor)
+                else:
+                    mine.ds_tensor.mul_(1.0 - alpha).add_(policy.ds_tensor, alpha=alpha)
 
     @property
     def checkpoints_sharded(self) -> bool:

@@ -20,6 +20,11 @@ Gathering for readers:
   by every rank from the full dicts: one checkpoint format whatever the world size, so a run resumes
   under another one. The optimizer's is keyed by parameter name. Sharded (DCP) checkpoints, which
   never gather, are not done yet.
+
+The KL term's reference model (``frozen``) is sharded as the policy is, with the same mixed precision,
+and resharded after every forward (the root too, which FSDP2 otherwise keeps gathered for a backward
+that a reference never runs): its no-grad forward gathers one layer at a time, and a sync copies each
+rank's shards of the policy into its shards of the reference (``TrainerBackend.sync_reference``).
 """
 
 from __future__ import annotations
@@ -148,15 +153,24 @@ class FsdpBackend(TrainerBackend):
 
         init_group(ranks)
         compute = mixed_precision_dtype(mixed_precision)
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
+        self.mp_policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
         for unit in _units(model):
-            fully_shard(unit, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(unit, mp_policy=self.mp_policy)
+        fully_shard(model, mp_policy=self.mp_policy)
         self.model = model
         self.max_grad_norm = max_grad_norm
         self.mixed_precision = compute
         self._adamw = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.optimizer = _FullOptimizerState(model, self._adamw)
+
+    def frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(next(self.model.parameters()).device).requires_grad_(False).eval()
+        for unit in _units(model):
+            fully_shard(unit, mp_policy=self.mp_policy, reshard_after_forward=True)
+        fully_shard(model, mp_policy=self.mp_policy, reshard_after_forward=True)
+        return model
 
     @property
     def model_state(self) -> _FullModelState:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from astraflow.config import KlConfig
 from astraflow.training.backends.base import TrainerBackend
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer, StepStats, lr_factor
 
@@ -49,12 +50,13 @@ class TrainTimeModel:
 
 
 class SimulatedLearner(PolicyTrainer):
-    """``PolicyTrainer``'s contract (``version``, ``model``, ``optimizer``, ``step``) with a slept step."""
+    """``PolicyTrainer``'s contract (``version``, ``model``, ``optimizer``, ``step``) with a slept step; it
+    computes no loss, so ``train.kl`` builds no reference and adds nothing."""
 
     def __init__(
         self, model: PreTrainedModel, pad_id: int, config: PolicyStepConfig, backend: SimulatedBackend
     ) -> None:
-        super().__init__(model, pad_id, config, backend=backend)
+        super().__init__(model, pad_id, replace(config, kl=KlConfig()), backend=backend)
         self.time_model = backend.time_model
         self.sleep = backend.sleep
         self.simulated_seconds = 0.0
