@@ -20,7 +20,7 @@ Per run, from the records alone (``check``): trajectories lost, trained twice, t
 a committed checkpoint, version numbers naming two weights, the version target reached.
 
     .venv/bin/python benchmarks/crashpoints.py [--setups embedded-native,kafka-native,kafka-faust]
-        [--stages trainer,checkpoint] [--out results/crashpoints-SHARD.json]
+        [--stages trainer,checkpoint] [--labels 'checkpoint.prune twice;...'] [--out results/crashpoints-SHARD.json]
     .venv/bin/python benchmarks/crashpoints.py --merge results/crashpoints-*.json
 
 writes ``results/crashpoints.json`` (or ``--out``) and, on ``--merge``, ``results/crashpoints.png``.
@@ -125,7 +125,10 @@ def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path, sa
         broker.start(timeout=120)
     runs = []
     try:
+        labels = {label for label in args.labels.split(";") if label}
         for label, entries in plans(points, setup, args.passes):
+            if labels and label not in labels:
+                continue
             print(f"{setup}: {label}", flush=True)
             train = {**overrides["train"], **SETTINGS.get(label, {})}
             result = armed_run(
@@ -228,6 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setups", default=",".join(SETUPS))
     parser.add_argument("--stages", default="", help="comma-separated prefixes of the point names to walk")
+    parser.add_argument("--labels", default="", help="';'-separated run labels to run alone (a re-run of some)")
     parser.add_argument("--versions", type=int, default=12)
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--passes", type=int, default=2, help="kill on this pass of the point")
