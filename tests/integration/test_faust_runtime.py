@@ -18,10 +18,14 @@
    that its stream can leave records out.
 5. A faust worker stopped halfway through a stateful pipeline (reward normalisation, REINFORCE++,
    replay, fifo) and started again emits exactly the samples of one that ran throughout.
+6. A faust worker that SIGKILLs itself at a named crash point of its commit path
+   (``core/crashpoints.py``: ``faust.flush_table``, ``faust.commit_settled``), restarted, loses no group
+   and emits none twice.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -39,6 +43,7 @@ from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka.admin import AdminClient
 
+from astraflow.core.crashpoints import ENV as CRASH_ENV
 from astraflow.log import Log, open_log
 from astraflow.runtime.topics import RunTopics
 from astraflow.schemas.codec import Codec
@@ -107,8 +112,10 @@ class Run:
             self.producer.send(self.topics.trajectories("main"), value, key=key)
         self.producer.flush()
 
-    def stream(self, *options: str) -> subprocess.Popen:
+    def stream(self, *options: str, crash_at: str | None = None) -> subprocess.Popen:
+        """An ``astraflow stream`` process; with ``crash_at`` it SIGKILLs itself at that named crash point."""
         out = (self.run_dir / f"stream-{len(self.processes)}.out").open("wb")
+        env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -123,6 +130,7 @@ class Run:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env if crash_at is None else {**env, CRASH_ENV: crash_at},
         )
         self.processes.append(process)
         return process
@@ -363,6 +371,47 @@ def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Cal
     after = aborted_positions(run)
     assert after and all(offset < ends_at_kill[partition] for partition, offset in after), (after, ends_at_kill)
     assert len(after) <= aborted
+
+
+@pytest.mark.parametrize("point", ["faust.flush_table", "faust.commit_settled"])
+def test_a_faust_worker_killed_at_a_named_crash_point_loses_no_group_and_emits_none_twice(
+    make_run: Callable[[str], Run], point: str
+) -> None:
+    """The worker SIGKILLs itself at ``point`` (``core/crashpoints.py``) on its second pass: in a commit,
+    before the table's changes are written; after a batch that emitted samples settled, before its
+    commit. Records arrive in three slices, each fed once the one before is committed; each of the first
+    two completes some groups (so samples are emitted and settled commits happen) and leaves the rest
+    half filled, held only by the table, when the kill comes. A restarted worker reports every group
+    once and emits each sample once."""
+    run = make_run(f"crash{point.split('.')[1]}")
+    groups = 200
+    slices = [
+        [member(g, i) for g in range(groups) for i in (0, 1)] + [member(g, i) for g in range(50) for i in (2, 3)],
+        [member(g, 2) for g in range(50, groups)] + [member(g, 3) for g in range(50, 100)],
+        [member(g, 3) for g in range(100, groups)],
+    ]
+    worker = run.stream("--runtime", "faust", crash_at=f"{point}#2")
+    while slices and worker.poll() is None:
+        run.produce(slices.pop(0))
+        ends = run.log.end_offsets(run.topics.trajectories("main"))
+        wait_for(lambda: worker.poll() is not None or run.committed() == ends, 90, f"a commit or a kill at {point}")
+    assert worker.wait(timeout=90) == -signal.SIGKILL, f"the worker did not die at {point}"
+
+    worker = run.stream("--runtime", "faust")
+    for rest in slices:
+        run.produce(rest)
+    wait_for(
+        lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 120, "every group to be reported", worker
+    )
+    ends = run.log.end_offsets(run.topics.trajectories("main"))
+    wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything", worker)
+    stop(worker)
+
+    stats = run.read(run.topics.feedback(), PromptStats)
+    assert sorted(s.group_id for s in stats) == sorted(f"g{g}" for g in range(groups))  # each group reported once
+    emitted = Counter(s.sample_id for s in run.read(run.topics.samples("main"), TrainSample))
+    assert max(emitted.values()) == 1, [sample for sample, count in emitted.items() if count > 1][:10]
+    assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
 
 
 def test_a_killed_native_processor_resumes_from_its_commits_on_kafka(make_run: Callable[[str], Run]) -> None:
