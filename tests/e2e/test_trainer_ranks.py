@@ -6,9 +6,12 @@ checkpoint in DeepSpeed's format through its universal conversion.
 ``astraflow run`` starts the trainer under ``torch.distributed.run``; rank 0 reads the samples and
 writes the log, rank 1 trains its half of every batch. Mid-run rank 1 is killed: the elastic agent
 ends rank 0 too and restarts both, which resume from the last checkpoint (``checkpoint_every: 1``)
-as a restarted trainer does. Afterwards every trajectory has one fate (``astraflow audit``: none
-lost, none trained twice), only rank 0 wrote metrics, both stream instances emitted groups (one
-partition each), and the held-out score rose.
+as a restarted trainer does. Later rank 0 kills itself at the named crash point between the ranks'
+shards of a checkpoint and its commit (``trainer.sharded_checkpoint_commit``, ``core/crashpoints.py``),
+and the ranks restart from the checkpoint before it. Afterwards every trajectory has one fate
+(``astraflow audit``: none lost, none trained twice, no restart behind the newest committed
+checkpoint), only rank 0 wrote metrics, both stream instances emitted groups (one partition each), and
+the held-out score rose.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.core.crashpoints import ENV as CRASH_ENV
+from astraflow.core.crashpoints import RECORD_ENV
 from astraflow.infra.launch.monitor import gain_over_base
 from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
 
@@ -33,6 +38,8 @@ up over 30) a CI run of the DDP trainer scored 0.38, 0.38, 0.45, 0.53, 0.415, 0.
 learned, fell back at 20, and the mean of the last two missed the margin (+0.0425)."""
 KILL_AT = 6
 """The version after which rank 1 is killed: checkpointed, and far enough before the last evaluations."""
+CRASH_AT = 12
+"""The version at whose checkpoint rank 0 kills itself, its shards written and not committed."""
 MARGIN = 0.05
 """Gain of the mean of the last two held-out evaluations over the base, as ``test_faults.py`` asks of a
 run with faults. Two clean runs of the main job (one rank) scored a mean of +0.0975 and +0.065 at versions
@@ -81,11 +88,15 @@ def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path, backe
         eval={"every_versions": 5},
         stop={"max_minutes": 12, "max_versions": MAX_VERSIONS, "target_accuracy": None},
     )
+    record = run_dir / "crash-record"
+    record.mkdir()
+    crash = {CRASH_ENV: f"trainer.sharded_checkpoint_commit:{CRASH_AT}", RECORD_ENV: str(record)}
     with (run_dir / "launcher.out").open("wb") as out:
         launcher = subprocess.Popen(
             [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **crash},
         )
     try:
         deadline = time.monotonic() + 600
@@ -101,6 +112,7 @@ def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path, backe
     assert summary["versions"] >= MAX_VERSIONS, (summary, train_tail(run_dir))
     # the elastic agent restarted the ranks: a new rank 1 trained after the killed one
     assert rank_pid(run_dir, 1) != killed
+    assert (record / "0").exists(), "rank 0 never reached the sharded checkpoint's commit"
     audit = subprocess.run(
         [str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300
     )
