@@ -38,6 +38,7 @@ DEPENDS: dict[str, list[str]] = {
     "data_algorithms.json": ["benchmarks/data_algorithms.py", "astraflow/streams", "astraflow/producers/feeder"],
     "elastic.json": ["benchmarks/elastic.py", *WHOLE_SYSTEM],
     "engines.json": ["benchmarks/engines.py", "astraflow/engines"],
+    "fuzz.json": ["benchmarks/fuzz.py", "astraflow"],
     "log_throughput.json": ["benchmarks/log_throughput.py", "astraflow/log", "astraflow/schemas"],
     "main_job_summary.json": ["Makefile", "benchmarks/main_job.py", *WHOLE_SYSTEM],
     "multi_policy_real.json": ["benchmarks/multi_policy.py", "examples/solver_verifier", "astraflow"],
