@@ -5,7 +5,8 @@ keeps the points whose name starts with one of the given prefixes, to shard the 
 run`` of the math example to ``--versions`` with the point armed to fire once on its ``--pass``-th pass
 (not the first: by then the stage has state to lose), through ``chaos/crash_runs.py``; for the trainer's
 points (``trainer.``, ``checkpoint.``, ``seal.``, ``publish.``) also twice in a row at the same point and
-once at it and once at the next. A point on a recovery path (``AFTER``: removing the checkpoint of a
+once at it and once at the next; a checkpoint's and a seal's file sync also with a full disk (ENOSPC
+raised there instead of a kill). A point on a recovery path (``AFTER``: removing the checkpoint of a
 version that never committed) is armed after a kill at the point that leaves that state. Runs sign their
 weights (so the checkpoint seals are written) and
 checkpoint every ``--checkpoint-every`` versions (so the checkpoint points are reached early).
@@ -51,6 +52,9 @@ ON_FAILURE_ONLY = {
 """Points no run of the math example reaches, and where they are reached instead."""
 ONCE_PER_PROCESS = frozenset({"trainer.flush_start"})
 """Points a process passes once (its start): armed on their first pass, not ``--passes``."""
+FULL_DISK = ("checkpoint.fsync_file", "seal.fsync_file")
+"""Points also walked with a full disk instead of a kill (``!enospc``: the write fails with ENOSPC and
+the trainer ends with that error; its restart must resume as after a kill)."""
 RARE_AFTER_RESTART = frozenset({"checkpoint.prune"})
 """Points a restarted trainer may pass only once before the version target (pruning needs more named
 checkpoints than ``keep``): armed on their first pass when they are the second kill of a pair."""
@@ -93,6 +97,8 @@ def plans(points: list[str], setup: str, passes: int) -> list[tuple[str, list[st
             singles.append((point, [f"{AFTER[point]}#{passes}", f"{point}#1"]))
             continue
         singles.append((point, [armed(point, passes)]))
+        if point in FULL_DISK:
+            singles.append((f"{point} full disk", [f"{armed(point, passes)}!enospc"]))
         if point.startswith(TRAINER_STAGES):
             pairs.append((f"{point} twice", [armed(point, passes)] * 2))
             following = next((p for p in points[index + 1 :] if p.startswith(TRAINER_STAGES)), None)
@@ -189,8 +195,9 @@ def summarize(found: dict) -> dict:
     runs = found["runs"]
     return {
         "runs": len(runs),
-        "single_point_runs": sum(1 for run in runs if len(run["entries"]) == 1 or " " not in run["label"]),
-        "pair_runs": sum(1 for run in runs if " " in run["label"]),
+        "single_point_runs": sum(1 for run in runs if " " not in run["label"]),
+        "pair_runs": sum(1 for run in runs if " twice" in run["label"] or " then " in run["label"]),
+        "full_disk_runs": sum(1 for run in runs if run["label"].endswith(" full disk")),
         "with_problems": sum(1 for run in runs if run["problems"]),
         "unreached": sum(1 for run in runs if run["unreached"]),
         "lost": sum(run["lost"] for run in runs),

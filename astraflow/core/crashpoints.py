@@ -11,7 +11,9 @@ cannot be forgotten). A test arms points from outside the process with the envir
 
 - ``NAME`` kills the process the first time it passes ``NAME``;
 - ``NAME:AT`` when it passes ``NAME`` with ``at`` equal to ``AT`` (e.g. the version);
-- ``NAME#N`` the ``N``-th time this process passes ``NAME`` (``NAME:AT#N`` both).
+- ``NAME#N`` the ``N``-th time this process passes ``NAME`` (``NAME:AT#N`` both);
+- any of these with ``!enospc`` appended raises ``OSError(ENOSPC)`` there instead of killing: the
+  disk filled up under the step (a checkpoint's write fails; the process goes on as its code says).
 
 With ``ASTRAFLOW_CRASH_RECORD`` set to a directory, each entry fires once across restarts: firing
 creates ``DIR/<index>`` first, and an entry whose file exists is spent. So ``trainer.commit#2`` kills
@@ -27,6 +29,7 @@ lookup.
 from __future__ import annotations
 
 import ast
+import errno
 import logging
 import os
 import signal
@@ -66,18 +69,25 @@ _passes: Counter[str] = Counter()
 
 
 def crash_point(name: str, at: object = None) -> None:
-    """Die here by SIGKILL if ``ASTRAFLOW_CRASH_AT`` has an unspent entry for this point (module docstring)."""
+    """Die here by SIGKILL if ``ASTRAFLOW_CRASH_AT`` has an unspent entry for this point, or raise the
+    entry's fault (``!enospc``) (module docstring)."""
     armed = os.environ.get(ENV)
     if not armed:
         return
     _passes[name] += 1
     for index, entry in enumerate(armed.split(",")):
-        point, _, count = entry.strip().partition("#")
+        entry, _, fault = entry.strip().partition("!")
+        if fault not in ("", "enospc"):
+            raise ValueError(f"{ENV}: unknown fault {fault!r} in {entry!r}!{fault} (known: enospc)")
+        point, _, count = entry.partition("#")
         point, _, value = point.partition(":")
         if point != name or (value and value != str(at)) or (count and int(count) != _passes[name]):
             continue
         if not _spend(index):
             continue
+        if fault == "enospc":
+            logger.warning("crash point %s%s armed: the disk is full here (ENOSPC)", name, f" at {at}" if value else "")
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (crash point {name})")
         logger.warning("crash point %s%s armed: killing this process (SIGKILL)", name, f" at {at}" if value else "")
         for handler in logging.getLogger().handlers:
             handler.flush()  # the warning is the test's evidence that the kill landed here; nothing else is flushed

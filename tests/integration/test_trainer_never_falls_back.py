@@ -12,6 +12,10 @@ point ``trainer.checkpoint_written`` (``astraflow.core.crashpoints``), armed fro
    50, neither named) and so deleted 30;
 3. the third must restore 30 again: its start entry's parent is (epoch 1, version 30), not the base,
    and ``astraflow audit``'s fall-back check finds nothing (it finds the base start of before).
+
+A full disk under a checkpoint's write (``checkpoint.fsync_file:20!enospc``: ``OSError(ENOSPC)`` there)
+ends the trainer with that error, its half-written checkpoint left on disk; the restarted trainer
+removes it and resumes from the last committed checkpoint, as after a kill.
 """
 
 from __future__ import annotations
@@ -58,6 +62,39 @@ def test_two_kills_between_checkpoint_and_commit_resume_from_the_last_committed_
         (start,) = [e for e in entries if e.epoch == 3 and e.kind == "start"]
         assert (start.parent_epoch, start.parent_version) == (1, 30)
         assert start.version == 50  # the next unused id: no version number names two weights
+        assert fallbacks(entries, 10) == []
+    finally:
+        run.close()
+
+
+def test_a_full_disk_under_a_checkpoint_ends_the_trainer_with_the_error_and_the_restart_resumes(
+    tmp_path: Path,
+) -> None:
+    run = TrainerRun(tmp_path, {"run": "fulldisk", "train": {"checkpoint_every": 10, "batch_samples": BATCH}})
+    ctx = run.ctx
+    checkpoints = RunDir(run.run_dir).checkpoints("main")
+    try:
+        send_samples(ctx, recorded_samples(40 * BATCH))
+        code = run.start("full", "checkpoint.fsync_file:20!enospc").wait(timeout=WAIT_S)
+        assert code not in (0, -signal.SIGKILL), (code, run.output("full"))
+        assert "No space left on device" in run.output("full")
+        assert "v00000020.tmp" in {p.name for p in checkpoints.glob("v*")}  # what the full disk left
+        assert max(e.version for e in ledger(ctx)) == 19
+
+        second = run.start("second")
+        deadline = time.monotonic() + WAIT_S
+        try:
+            while not any(e.epoch == 2 and e.kind == "step" for e in ledger(ctx)):
+                assert second.poll() is None, run.output("second")
+                assert time.monotonic() < deadline, "the restarted trainer published no step"
+                time.sleep(0.2)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=WAIT_S)
+        entries = ledger(ctx)
+        (start,) = [e for e in entries if e.epoch == 2 and e.kind == "start"]
+        assert (start.parent_epoch, start.parent_version, start.version) == (1, 10, 20)
+        assert "v00000020.tmp" not in {p.name for p in checkpoints.glob("v*")}
         assert fallbacks(entries, 10) == []
     finally:
         run.close()

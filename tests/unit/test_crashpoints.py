@@ -91,3 +91,12 @@ def test_with_a_record_each_entry_fires_once_across_restarts(tmp_path: Path) -> 
     codes = [run(env).returncode for _ in range(3)]
     assert codes == [-signal.SIGKILL, -signal.SIGKILL, 0]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["0", "1"]
+
+
+def test_an_enospc_entry_raises_a_full_disk_there_instead_of_killing() -> None:
+    full = run({ENV: "demo.step:2!enospc"})
+    assert full.returncode == 1, full  # an exception, not a signal: the process's own code handles it
+    assert full.stdout.split() == ["before", "1", "before", "2"]
+    assert "OSError: [Errno 28] No space left on device (crash point demo.step)" in full.stderr
+    unknown = run({ENV: "demo.step!full"})
+    assert unknown.returncode == 1 and "unknown fault 'full'" in unknown.stderr, unknown
