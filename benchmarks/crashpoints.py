@@ -57,7 +57,8 @@ FULL_DISK = ("checkpoint.fsync_file", "seal.fsync_file")
 the trainer ends with that error; its restart must resume as after a kill)."""
 RARE_AFTER_RESTART = frozenset({"checkpoint.prune"})
 """Points a restarted trainer may pass only once before the version target (pruning needs more named
-checkpoints than ``keep``): armed on their first pass when they are the second kill of a pair."""
+checkpoints than ``keep``): armed on their first pass when they are the second kill of a pair (the
+restarted process's pass)."""
 AFTER = {
     "checkpoint.remove_uncommitted": "trainer.checkpoint_written",
     "checkpoint.remove_unfinished": "checkpoint.fsync_file",
@@ -100,7 +101,8 @@ def plans(points: list[str], setup: str, passes: int) -> list[tuple[str, list[st
         if point in FULL_DISK:
             singles.append((f"{point} full disk", [f"{armed(point, passes)}!enospc"]))
         if point.startswith(TRAINER_STAGES):
-            pairs.append((f"{point} twice", [armed(point, passes)] * 2))
+            again = armed(point, 1 if point in RARE_AFTER_RESTART else passes)
+            pairs.append((f"{point} twice", [armed(point, passes), again]))
             following = next((p for p in points[index + 1 :] if p.startswith(TRAINER_STAGES)), None)
             if following and not applicable(following, setup) and following not in AFTER:
                 second = armed(following, 1 if following in RARE_AFTER_RESTART else passes)
