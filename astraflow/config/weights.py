@@ -24,6 +24,12 @@ class WeightsConfig(Section):
         "Payload bytes per chunk (record or stored file); the weights topic's ``max.message.bytes`` is created to fit, "
         "at most 32 MiB (Kafka clients take records up to 64 MiB)."
     )
+    encode_workers: int | None = Field(default=None, ge=0)
+    (
+        "Threads that encode a version's tensors while its first chunks are already sent (a streamed publish, "
+        "``weights/streamed.py``; ``transport: inline`` only); unset: one per CPU core; ``0``: the serial publish "
+        "(encode every tensor, then hash and send)."
+    )
     transport: Literal["inline", "store"] = "inline"
     (
         "``inline``: chunks travel on the weights topic; ``store``: chunks go to ``store`` and the topic carries only "

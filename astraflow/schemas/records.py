@@ -136,6 +136,7 @@ class WeightChunk:
     chunk_offset: int = -1
     signature: bytes = b""
     signer: str = ""
+    publish_id: str = ""
 
 
 @dataclass

@@ -46,7 +46,6 @@ AstraFlow wrote (without ``chunk_offset``, say) are still read.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections import defaultdict
@@ -59,9 +58,10 @@ from astraflow.runtime.schema_store import LogSchemaStore
 from astraflow.runtime.topics import WEIGHTS_MANIFEST_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
+from astraflow.weights.shadow import Shadow
 from astraflow.weights.signing import ManifestVerifier
 from astraflow.weights.start import decode_or_skip, seek_start
-from astraflow.weights.store import read_stored
+from astraflow.weights.store import fetch
 
 logger = logging.getLogger(__name__)
 STALE_VERSIONS = 32
@@ -79,36 +79,10 @@ class _Accepted:
     plan: list
     """``payload.check_payload``'s plan (views of the payload)."""
     published_ms: int
-
-
-def assemble(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
-    """The payload of a version from all its chunks; ``WeightsError`` when sizes or checksum disagree."""
-    payload = bytearray(manifest.total_bytes)
-    offset = 0
-    for index in range(manifest.num_chunks):
-        piece = pieces[index]
-        if offset + len(piece) > manifest.total_bytes:
-            raise WeightsError(f"chunks hold more than the manifest's {manifest.total_bytes} bytes")
-        payload[offset : offset + len(piece)] = piece
-        offset += len(piece)
-    if offset != manifest.total_bytes:
-        raise WeightsError(f"chunks hold {offset} bytes, the manifest says {manifest.total_bytes}")
-    _check_sha256(manifest, payload)
-    return payload
-
-
-def fetch(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
-    """The verified payload of a version: from its stored chunks when it has a ``store_uri``, else ``pieces``."""
-    if manifest.store_uri is None:
-        return assemble(manifest, pieces)
-    payload = read_stored(manifest.store_uri, manifest.num_chunks, manifest.total_bytes)
-    _check_sha256(manifest, payload)
-    return payload
-
-
-def _check_sha256(manifest: WeightChunk, payload: bytearray) -> None:
-    if hashlib.sha256(payload).hexdigest() != manifest.sha256:
-        raise WeightsError("payload failed its sha256 checksum")
+    seq: int
+    """Versions accepted before it and it (this follower's count)."""
+    state: dict | None = None
+    """The version already applied to a shadow (``shadow.py``), for ``take`` to hand out as it is."""
 
 
 class WeightFollower:
@@ -134,6 +108,8 @@ class WeightFollower:
         self.skipped_deltas = 0
         self.corrupt_versions = 0
         self.refused_versions = 0
+        self.applied_ahead = 0
+        """Versions written into the shadow while their chunks arrived (``shadow.py``), not applied by ``take``."""
         """Manifests refused by ``verifier``: unsigned, signed by another key, or changed after signing."""
         self._verifier = verifier
         self._dead_letters = dead_letters
@@ -150,6 +126,15 @@ class WeightFollower:
         self._failure: BaseException | None = None
         """What ended the thread, if anything did; the owner-facing entry points raise it."""
         self._chunks: dict[tuple[int, str], dict[int, bytes]] = defaultdict(dict)
+        self._chunk_specs: dict[tuple[int, str], dict[int, list]] = defaultdict(dict)  # of streamed publishes
+        self._bases: dict[tuple[int, str], tuple[int, str]] = {}  # (version, sha256) each streamed delta is on
+        self._shadow = Shadow()
+        self._seq = -1  # versions accepted (the thread's count)
+        self._released: tuple[dict, int] | None = None
+        """A state ``take`` let go, and its seq, for the thread to make its shadow (under the lock)."""
+        self._taken_seq = -1
+        """Seq of the state ``take`` handed out last (written under the lock)."""
+        self._state_seq = -1
         self._manifests: dict[tuple[int, str], WeightChunk] = {}
         self._tip: tuple[int, str] | None = None
         """(version, sha256) of the last version accepted: what the next delta must apply to."""
@@ -191,10 +176,17 @@ class WeightFollower:
             return None
         from astraflow.weights.payload import apply_payload
 
-        state = self._state
+        state, released = self._state, None
         for version in accepted:
-            state = apply_payload(version.plan, None if version.full else state, in_place=True)
-        self._state = state
+            if version.state is not None:  # applied to a shadow already: ours goes back to the thread
+                released, state = (state, self._state_seq) if state is not None else None, version.state
+            else:
+                state = apply_payload(version.plan, None if version.full else state, in_place=True)
+        self._state, self._state_seq = state, accepted[-1].seq
+        with self._lock:
+            self._taken_seq = self._state_seq
+            if released is not None:
+                self._released = released
         self.taken_published_ms = accepted[-1].published_ms
         return accepted[-1].version, state
 
@@ -212,6 +204,11 @@ class WeightFollower:
             caught_up = self._lock.wait_for(lambda: self._caught_up or self._failure is not None, timeout)
             self._raise_if_failed()
             return caught_up
+
+    @property
+    def shadow_bytes(self) -> int:
+        """Most bytes the shadow (a second copy of the weights, ``shadow.py``) has held."""
+        return self._shadow.peak_bytes
 
     def close(self) -> None:
         self._stop.set()
@@ -269,9 +266,14 @@ class WeightFollower:
             if record.kind == "manifest" and record.version > self._latest_version:
                 self._set_latest(record.version, record.created_ms, None)
             return
-        key = (record.version, record.sha256)  # a restarted trainer republishes versions, with other bytes
+        key = (record.version, record.publish_id or record.sha256)  # a restarted trainer republishes versions
         if record.kind == "chunk":
-            self._chunks[key][record.chunk_index] = record.data
+            self._chunks[key].setdefault(record.chunk_index, record.data)
+            if record.publish_id:
+                self._chunk_specs[key].setdefault(record.chunk_index, record.tensors)
+                if record.encoding == "delta":
+                    self._bases[key] = (record.base_version, record.base_sha256)
+                    self._stream(key)
         else:
             self._manifests[key] = record
         manifest = self._manifests.get(key)
@@ -282,10 +284,29 @@ class WeightFollower:
             return
         del self._manifests[key]
         self._chunks.pop(key, None)
-        for parts in (self._chunks, self._manifests):
+        self._chunk_specs.pop(key, None)
+        self._bases.pop(key, None)
+        for parts in (self._chunks, self._manifests, self._chunk_specs, self._bases):
             for stale in [k for k in parts if k[0] < record.version - STALE_VERSIONS]:
                 del parts[stale]
-        self._take_in(manifest, pieces)
+        self._take_in(manifest, pieces, key)
+        for waiting in [k for k, base in self._bases.items() if base == self._tip]:  # on the new tip
+            self._stream(waiting)
+
+    def _stream(self, key: tuple[int, str]) -> None:
+        """Write the chunks in of the streamed delta ``key`` into the shadow, if it is on the tip and
+        the shadow is free or already its own (``shadow.py``, step 1)."""
+        if self._bases.get(key) != self._tip:
+            return
+        self._adopt_released()
+        delta = self._shadow.begin(key, self._tip_layout, self._seq)
+        if delta is None:
+            return
+        try:
+            delta.advance(self._chunks[key], self._chunk_specs[key])
+        except WeightsError as exc:
+            logger.info("weights version %d of %s: applied whole, not as it arrives: %s", key[0], self.topic, exc)
+            self._shadow.drop(refuse=True)
 
     def _refuse(self, message: Message, reason: str) -> None:
         """Count, log and dead-letter a manifest the verifier refused; its version is never announced."""
@@ -299,7 +320,14 @@ class WeightFollower:
         self._dead_letter_producer.send(self._dead_letters, self._codec.encode(record))
         self._dead_letter_producer.flush()
 
-    def _take_in(self, manifest: WeightChunk, pieces: dict[int, bytes]) -> None:
+    def _adopt_released(self) -> None:
+        """The state ``take`` let go, if any, becomes the shadow (or is dropped)."""
+        with self._lock:
+            released, self._released = self._released, None
+        if released is not None:
+            self._shadow.adopt(*released)
+
+    def _take_in(self, manifest: WeightChunk, pieces: dict[int, bytes], key: tuple[int, str]) -> None:
         """Verify and check one complete version and queue it for ``take``, or count and log why not."""
         from astraflow.weights.payload import check_payload, spec_layout
 
@@ -316,26 +344,43 @@ class WeightFollower:
                 self._tip[0] if self._tip else "none",
             )
             return
-        try:
-            if manifest.encoding not in ("full", "delta"):
-                raise WeightsError(f"unknown version encoding {manifest.encoding!r}")
-            plan = check_payload(fetch(manifest, pieces), manifest.tensors, self._tip_layout if delta else None)
-        except WeightsError as exc:
-            self.corrupt_versions += 1
-            self._newest_rejected = max(self._newest_rejected, manifest.version)
-            logger.error("weights version %d of %s not applied: %s", manifest.version, self.topic, exc)
-            return
+        shadow = self._shadow
+        written = shadow.writer == key
+        if written and shadow.delta.vouched_for(manifest):  # shadow.py, step 2
+            plan, state = shadow.delta.plan, shadow.hand_over()
+            self.applied_ahead += 1
+        else:
+            state = None
+            if shadow.writer is not None:  # no version (step 3)
+                shadow.drop()
+            try:
+                if manifest.encoding not in ("full", "delta"):
+                    raise WeightsError(f"unknown version encoding {manifest.encoding!r}")
+                plan = check_payload(fetch(manifest, pieces), manifest.tensors, self._tip_layout if delta else None)
+            except WeightsError as exc:
+                self.corrupt_versions += 1
+                self._newest_rejected = max(self._newest_rejected, manifest.version)
+                logger.error("weights version %d of %s not applied: %s", manifest.version, self.topic, exc)
+                return
+        self._seq += 1
         self._tip, self._tip_layout = (manifest.version, manifest.sha256), spec_layout(manifest.tensors)
-        self._set_latest(
-            manifest.version, manifest.created_ms, _Accepted(manifest.version, not delta, plan, manifest.created_ms)
-        )
+        accepted = _Accepted(manifest.version, not delta, plan, manifest.created_ms, self._seq, state)
+        self._set_latest(manifest.version, manifest.created_ms, accepted)
+        self._adopt_released()  # before trimming the deltas it may need
+        with self._lock:
+            oldest = self._taken_seq
+        if delta:
+            shadow.accepted(self._seq, plan, oldest)
+        else:  # before any later delta is applied to this version's own tensors: none is accepted yet
+            shadow.full(self._seq, plan, streamed=bool(manifest.publish_id))
 
     def _set_latest(self, version: int, published_ms: int, accepted: _Accepted | None) -> None:
         with self._lock:
             self._latest_version = max(self._latest_version, version)
             self.latest_published_ms = published_ms
             if accepted is not None:
-                self._accepted = [accepted] if accepted.full else [*self._accepted, accepted]
+                replaces = accepted.full or accepted.state is not None  # holds every version before it
+                self._accepted = [accepted] if replaces else [*self._accepted, accepted]
             self._lock.notify_all()
 
 

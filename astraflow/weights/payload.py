@@ -123,9 +123,9 @@ def build_payload(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Te
         if twin is not None:
             specs.append(replace(twin, name=name))
             continue
-        old_bits = _bits(old) if old is not None and old.dtype == tensor.dtype and old.shape == tensor.shape else None
-        encoded = encode_bits(_bits(tensor), old_bits)
-        spec = TensorSpec(name, _dtype_name(tensor.dtype), list(tensor.shape), offset, encoded.nbytes, encoded.encoding)
+        usable = old is not None and old.dtype == tensor.dtype and old.shape == tensor.shape
+        encoded = encode_bits(tensor_bits(tensor), tensor_bits(old) if usable else None)
+        spec = TensorSpec(name, dtype_name(tensor.dtype), list(tensor.shape), offset, encoded.nbytes, encoded.encoding)
         written[(id(tensor), id(old))] = spec
         specs.append(spec)
         sections.append((offset, encoded.parts))
@@ -170,44 +170,44 @@ def check_payload(buffer: bytearray, specs: list[TensorSpec], base: Layout | Non
     Raises ``WeightsError`` when a spec does not fit the buffer, its encoding or the base.
     """
     data = np.frombuffer(buffer, dtype=np.uint8)
-    plan: list[PlannedTensor] = []
     parsed: dict[tuple[int, int, str], Section] = {}
-    for spec in specs:
-        key = (spec.offset, spec.length, spec.encoding)
-        dtype = _DTYPES.get(spec.dtype)
-        if (
-            dtype is None
-            or spec.offset < 0
-            or spec.length < 0
-            or spec.offset + spec.length > len(buffer)
-            or spec.offset % 8
-        ):
-            raise WeightsError(
-                f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) "
-                f"does not fit a {len(buffer)}-byte payload"
-            )
-        n = prod(spec.shape)
-        section = parsed.get(key) if spec.length else None
-        if section is None:
-            try:
-                section = parse_section(
-                    spec.encoding, data[spec.offset : spec.offset + spec.length], n, _numpy_bits(dtype)
-                )
-            except WeightsError as exc:
-                raise WeightsError(f"tensor {spec.name!r}: {exc}") from exc
-            parsed[key] = section
-        elif section.n != n:
-            raise WeightsError(
-                f"tensor {spec.name!r}: shares the bytes of a tensor of {section.n} elements but has {n}"
-            )
-        if section.needs_base and (base is None or base.get(spec.name) != (dtype, n)):
-            have = base.get(spec.name) if base is not None else None
-            raise WeightsError(
-                f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, "
-                f"the base has {have}"
-            )
-        plan.append(PlannedTensor(spec, dtype, section, key))
-    return plan
+    return [check_tensor(spec, data, 0, base, parsed) for spec in specs]
+
+
+def check_tensor(
+    spec: TensorSpec, data: np.ndarray, start: int, base: Layout | None, parsed: dict[tuple[int, int, str], Section]
+) -> PlannedTensor:
+    """Parse one spec's section out of ``data`` (uint8: the payload's bytes from ``start`` on) and check
+    it against the base's layout; ``parsed`` holds the sections parsed before (tied tensors share one).
+
+    Raises ``WeightsError`` when the spec does not fit ``data``, its encoding or the base.
+    """
+    key = (spec.offset, spec.length, spec.encoding)
+    dtype = _DTYPES.get(spec.dtype)
+    end = start + data.size
+    if dtype is None or spec.offset < start or spec.length < 0 or spec.offset + spec.length > end or spec.offset % 8:
+        raise WeightsError(
+            f"tensor {spec.name!r}: {spec.dtype} at [{spec.offset}, +{spec.length}) "
+            f"does not fit a {end}-byte payload" + (f" from byte {start}" if start else "")
+        )
+    n = prod(spec.shape)
+    section = parsed.get(key) if spec.length else None
+    if section is None:
+        at = spec.offset - start
+        try:
+            section = parse_section(spec.encoding, data[at : at + spec.length], n, _numpy_bits(dtype))
+        except WeightsError as exc:
+            raise WeightsError(f"tensor {spec.name!r}: {exc}") from exc
+        parsed[key] = section
+    elif section.n != n:
+        raise WeightsError(f"tensor {spec.name!r}: shares the bytes of a tensor of {section.n} elements but has {n}")
+    if section.needs_base and (base is None or base.get(spec.name) != (dtype, n)):
+        have = base.get(spec.name) if base is not None else None
+        raise WeightsError(
+            f"tensor {spec.name!r}: a {spec.encoding} delta needs a base of {n} {spec.dtype} elements, "
+            f"the base has {have}"
+        )
+    return PlannedTensor(spec, dtype, section, key)
 
 
 def apply_payload(
@@ -231,10 +231,10 @@ def apply_payload(
         old = starts.get(spec.name) if in_place else (base.get(spec.name) if base is not None else None)
         usable = old is not None and old.dtype == entry.dtype and old.numel() == section.n
         if in_place and usable:
-            apply_section(section, _bits(old))
+            apply_section(section, tensor_bits(old))
             tensor = old if tuple(old.shape) == tuple(spec.shape) else old.view(spec.shape)
         else:
-            bits = decode_section(section, _bits(old) if usable else None)
+            bits = decode_section(section, tensor_bits(old) if usable else None)
             tensor = (
                 old
                 if usable and section.encoding == "none"
@@ -266,7 +266,7 @@ def _in_place_targets(plan: list[PlannedTensor], base: Mapping[str, torch.Tensor
     return targets
 
 
-def _bits(tensor: torch.Tensor) -> np.ndarray:
+def tensor_bits(tensor: torch.Tensor) -> np.ndarray:
     """[n] integer view of a contiguous CPU tensor's bits (no copy)."""
     return tensor.reshape(-1).view(_BITS[tensor.element_size()]).numpy()
 
@@ -275,7 +275,7 @@ def _numpy_bits(dtype: torch.dtype) -> np.dtype:
     return np.dtype(_NUMPY_BITS[dtype.itemsize])
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in _DTYPES:
         raise WeightsError(f"cannot publish tensors of dtype {name}; supported: {sorted(_DTYPES)}")

@@ -11,7 +11,9 @@ Steps of one publish (what makes a version atomic and exact for readers):
    the last full version; then every tensor is written whole (still in the transfer dtype).
 3. The payload is cut into chunks of at most ``chunk_bytes``. ``transport: inline`` sends each to
    the chunk partition of ``{run}.weights.{policy}``, then flushes (durable before anything refers
-   to it); ``transport: store`` writes them to the store (``store.py``) instead.
+   to it); ``transport: store`` writes them to the store (``store.py``) instead. With
+   ``weights.encode_workers`` (one per core by default, ``transport: inline``) steps 1-3 overlap:
+   tensors are encoded on several threads and each chunk is sent as soon as it fills (``streamed.py``).
 4. The manifest (version, base version and base sha256, tensor table, total size, sha256 of the
    payload, with a store the chunks' URI, and the chunk partition's end before step 3, from which
    a new reader that starts at this version reads its chunks) is sent to the manifest partition
@@ -29,6 +31,7 @@ Steps of one publish (what makes a version atomic and exact for readers):
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Mapping
@@ -117,14 +120,8 @@ class WeightPublisher:
     ) -> WeightChunk:
         """Send ``state`` as ``version``; ``full`` forces a complete version; with ``transaction``
         (open) the manifest goes into it (step 4). Returns the manifest."""
-        from astraflow.weights.payload import build_payload, to_transfer
-
         started = time.perf_counter()
-        transfer = to_transfer(state, self.config.transfer_dtype, reuse=self._spare)
-        self._spare = None
         base = None if full else self._delta_base(version)
-        payload = build_payload(transfer, base.state if base else None)
-        encoded = time.perf_counter()
         base_version, base_sha256 = (base.version, base.sha256) if base else (-1, "")
         start = self._log.end_offsets(self.topic) if self._log is not None else {}  # where its records will start
         outline = WeightChunk(
@@ -137,21 +134,57 @@ class WeightPublisher:
             0,
             0,
             "",
-            tensors=payload.specs,
             base_sha256=base_sha256,
             chunk_offset=start.get(WEIGHTS_CHUNK_PARTITION, -1),
         )
-        manifest = send_version(
-            self.producer,
-            self.codec,
-            self.topic,
-            outline,
-            payload.buffer,
-            self.config.chunk_bytes,
-            self._store,
-            transaction,
-            self._signer,
-        )
+        workers = self.config.encode_workers if self.config.encode_workers is not None else os.cpu_count() or 1
+        if workers and self._store is None:
+            from astraflow.weights.streamed import stream_chunks
+
+            sent = stream_chunks(
+                self.producer,
+                self.codec,
+                self.topic,
+                outline,
+                state,
+                self.config.transfer_dtype,
+                base.state if base else None,
+                self._spare,
+                self.config.chunk_bytes,
+                workers,
+            )
+            transfer, changes = sent.transfer, sent.changes
+            encoded = started + sent.encode_seconds
+            flush_chunks(self.producer, version)
+            outline = replace(
+                outline,
+                num_chunks=sent.num_chunks,
+                total_bytes=sent.total_bytes,
+                sha256=sent.sha256,
+                tensors=sent.specs,
+                publish_id=sent.publish_id,
+                created_ms=now_ms(),
+            )
+            manifest = send_manifest(self.producer, self.codec, self.topic, outline, transaction, self._signer)
+        else:
+            from astraflow.weights.payload import build_payload, to_transfer
+
+            transfer = to_transfer(state, self.config.transfer_dtype, reuse=self._spare)
+            payload = build_payload(transfer, base.state if base else None)
+            changes = payload.changes
+            encoded = time.perf_counter()
+            manifest = send_version(
+                self.producer,
+                self.codec,
+                self.topic,
+                replace(outline, tensors=payload.specs),
+                payload.buffer,
+                self.config.chunk_bytes,
+                self._store,
+                transaction,
+                self._signer,
+            )
+        self._spare = None
         if self._previous is not None and self._previous.state is not transfer:
             self._spare = self._previous.state  # nobody reads the old base any more: the next copy goes there
         self._previous = PublishedVersion(version, manifest.sha256, transfer)
@@ -164,9 +197,9 @@ class WeightPublisher:
         self.last_stats = PublishStats(
             manifest.encoding,
             manifest.total_bytes,
-            payload.elements,
-            payload.changed,
-            payload.changes,
+            sum(n for _, n, _ in changes),
+            sum(k for _, _, k in changes),
+            changes,
             encoded - started,
             time.perf_counter() - encoded,
         )
@@ -248,8 +281,7 @@ def send_version(
                 created_ms=now_ms(),
             )
             producer.send(topic, codec.encode(chunk), key=key, partition=WEIGHTS_CHUNK_PARTITION)
-        crash_point("publish.flush_chunks", outline.version)
-        producer.flush()
+        flush_chunks(producer, outline.version)
     manifest = replace(
         outline,
         kind="manifest",
@@ -260,12 +292,32 @@ def send_version(
         store_uri=uri,
         created_ms=now_ms(),
     )
+    return send_manifest(producer, codec, topic, manifest, transaction, signer)
+
+
+def flush_chunks(producer: Producer, version: int) -> None:
+    """End of step 3: every chunk sent is durable before a manifest can refer to it."""
+    crash_point("publish.flush_chunks", version)
+    producer.flush()
+
+
+def send_manifest(
+    producer: Producer,
+    codec: Codec,
+    topic: str,
+    manifest: WeightChunk,
+    transaction: TransactionalProducer | None = None,
+    signer: ManifestSigner | None = None,
+) -> WeightChunk:
+    """Step 4 of a publish, once every chunk is flushed: sign ``manifest`` (with ``signer``) and send
+    it, flushed, or into ``transaction``. Returns the manifest as sent."""
+    key = f"{manifest.policy}:{manifest.version}".encode()
     if signer is not None:
         manifest = signer.sign(manifest, topic)
     if transaction is not None:
         transaction.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
         return manifest
     producer.send(topic, codec.encode(manifest), key=key, partition=WEIGHTS_MANIFEST_PARTITION)
-    crash_point("publish.flush_manifest", outline.version)
+    crash_point("publish.flush_manifest", manifest.version)
     producer.flush()
     return manifest

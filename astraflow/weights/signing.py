@@ -6,10 +6,12 @@ rollout producer and evaluator. With ``weights.signing_key`` (the trainer's priv
 ``weights.verify_key`` (the matching public key, all that the readers hold), the trainer signs
 every manifest and every follower takes in only versions signed by that key. The signature covers
 every field of the manifest a reader acts on (policy, version, base version and base sha256,
-encoding, payload size and sha256, chunk count, tensor table, store URI, chunk offset, time), the
-weights topic it is published on (``{run}.weights.{policy}``: so one copied to another run's or
-another policy's topic does not verify there), and through the payload's sha256 every byte of the
-chunks, so a chunk or a field changed in transit fails as surely as a version from another key.
+encoding, payload size and sha256, chunk count, tensor table, store URI, chunk offset, time, and the
+id of a streamed publish), the weights topic it is published on (``{run}.weights.{policy}``: so one
+copied to another run's or another policy's topic does not verify there), and through the payload's
+sha256 every byte of the chunks, so a chunk or a field changed in transit fails as surely as a
+version from another key. A streamed publish's chunks list specs of their own (``streamed.py``); a
+follower shows what it applied from them only once the signed manifest lists the same (``shadow.py``).
 Checkpoints are sealed the same way (``seal.py``).
 
 A follower refuses three kinds of manifest, logs it, counts it (``WeightFollower.refused_versions``)
@@ -71,6 +73,8 @@ def signed_message(manifest: WeightChunk, topic: str) -> bytes:
         "chunk_offset": manifest.chunk_offset,
         "created_ms": manifest.created_ms,
     }
+    if manifest.publish_id:  # only when set: a manifest signed before the field existed still verifies
+        fields["publish_id"] = manifest.publish_id
     return DOMAIN + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -23,6 +23,7 @@ Retention (``weights.keep_versions``) deletes the directories of versions no lon
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -34,6 +35,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from astraflow.core.errors import WeightsError
+from astraflow.schemas.records import WeightChunk
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +141,33 @@ def _local_path(location: str) -> Path:
         parsed = urlparse(location)
         return Path(unquote(parsed.path))
     return Path(location)
+
+
+def assemble(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
+    """The payload of a version from all its chunks; ``WeightsError`` when sizes or checksum disagree."""
+    payload = bytearray(manifest.total_bytes)
+    offset = 0
+    for index in range(manifest.num_chunks):
+        piece = pieces[index]
+        if offset + len(piece) > manifest.total_bytes:
+            raise WeightsError(f"chunks hold more than the manifest's {manifest.total_bytes} bytes")
+        payload[offset : offset + len(piece)] = piece
+        offset += len(piece)
+    if offset != manifest.total_bytes:
+        raise WeightsError(f"chunks hold {offset} bytes, the manifest says {manifest.total_bytes}")
+    _check_sha256(manifest, payload)
+    return payload
+
+
+def fetch(manifest: WeightChunk, pieces: dict[int, bytes]) -> bytearray:
+    """The verified payload of a version: from its stored chunks when it has a ``store_uri``, else ``pieces``."""
+    if manifest.store_uri is None:
+        return assemble(manifest, pieces)
+    payload = read_stored(manifest.store_uri, manifest.num_chunks, manifest.total_bytes)
+    _check_sha256(manifest, payload)
+    return payload
+
+
+def _check_sha256(manifest: WeightChunk, payload: bytearray) -> None:
+    if hashlib.sha256(payload).hexdigest() != manifest.sha256:
+        raise WeightsError("payload failed its sha256 checksum")

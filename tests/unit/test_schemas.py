@@ -109,6 +109,7 @@ SAMPLES: dict[str, Any] = {
         chunk_offset=7,
         signature=b"\x01" * 64,
         signer="0123456789abcdef",
+        publish_id="0f" * 16,
     ),
     "OffsetRange": OffsetRange(1, 40, 104),
     "LedgerEntry": LedgerEntry(
