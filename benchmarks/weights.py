@@ -25,10 +25,18 @@ takes ``--steps`` AdamW steps (lr 1e-6) on real gradients of small random-token 
    steps 3-4 on a scratch topic). ``publish_to_applied_ms`` is the wall time from the start of
    ``publish`` to the follower process handing the version out (what producers report as
    ``rollout.weights_applied_ms``); the other reader stages run after it, not competing with it.
+3. End to end, per publish path (``--coders``, taking turns by version, so both run on the same
+   machine at the same time): ``end_to_end`` is the p50 and p99 over the deltas of
+   ``publish_to_applied_ms``, wall-clock from "the trainer has the new weights" (the optimizer step
+   returned) to "the follower, in its own process, has them applied" (``take`` returned), not a sum
+   of stage times. ``serial``: encode everything, then hash and send (``weights.encode_workers: 0``);
+   ``streamed``: tensors encoded on every core while the chunks before them go out, and the follower
+   writes them into its shadow as they arrive. ``follower_shadow_bytes`` is the shadow's memory (one
+   more copy of the weights in the transfer dtype), ``follower_applied_ahead`` the versions it took so.
 
 Writes ``benchmarks/results/weights.json`` (with its provenance: ``provenance.py``) and ``.png``.
 
-    .venv/bin/python benchmarks/weights.py [--small] [--steps 3] [--threads N] [--repeats 3]
+    .venv/bin/python benchmarks/weights.py [--small] [--steps 3] [--threads N] [--repeats 3] [--coders streamed,serial]
 """
 
 from __future__ import annotations
@@ -53,10 +61,10 @@ from astraflow.log import TopicPartition, open_log
 from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION, WEIGHTS_MANIFEST_PARTITION, RunTopics
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import WeightChunk
-from astraflow.weights.follow import WeightFollower, assemble, fetch
+from astraflow.weights.follow import WeightFollower
 from astraflow.weights.payload import apply_payload, build_payload, check_payload, spec_layout, state_layout
 from astraflow.weights.publish import WeightPublisher, send_version
-from astraflow.weights.store import ChunkStore, open_store
+from astraflow.weights.store import ChunkStore, assemble, fetch, open_store
 from provenance import begin, finish
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -147,7 +155,7 @@ def follow(target: dict, topic: str, versions: int, pipe) -> None:
             started = time.perf_counter()
             taken = follower.take()
             took = time.perf_counter() - started
-            pipe.send((taken[0] if taken else -1, time.time(), took))
+            pipe.send((taken[0] if taken else -1, time.time(), took, follower.shadow_bytes, follower.applied_ahead))
             pipe.send(digest(taken[1]) if taken else "")
             pipe.recv()  # the parent has measured its stages: wait for the next version
         follower.close()
@@ -234,7 +242,11 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
         topics = RunTopics("bench", "weights", ("main", "stored", "replay"))
         topics.ensure(log, partitions=1)
         topic = topics.weights("main")
-        config = WeightsConfig(full_sync_interval=args.steps + 1)
+        coders = {
+            name: WeightsConfig(full_sync_interval=args.steps + 1, encode_workers=0 if name == "serial" else None)
+            for name in args.coders
+        }
+        config = coders[args.coders[0]]
         publisher = WeightPublisher(producer, codec, topic, "main", config, log=log)
         store = open_store(str(workdir / "store"))
         pipe, child_end = multiprocessing.Pipe()
@@ -254,9 +266,11 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                 loss = adamw_step(model, optimizer, args.batch, args.seq, generator) if version else None
                 old = publisher.published.state if publisher.published else None
                 started = time.time()
+                coder = args.coders[version % len(args.coders)]  # alternating: both see the same machine
+                publisher.config = coders[coder]
                 publisher.publish(model.state_dict(), version)
                 stats, new = publisher.last_stats, publisher.published.state
-                taken, applied_at, take_s = pipe.recv()
+                taken, applied_at, take_s, shadow_bytes, applied_ahead = pipe.recv()
                 followed = pipe.recv()
                 applied_ms = (applied_at - started) * 1e3
                 t0 = time.perf_counter()
@@ -310,10 +324,13 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                             "store_fetch": t5 - t4,
                         },
                         "publish_to_applied_ms": applied_ms,
+                        "coder": coder,
+                        "follower_shadow_bytes": shadow_bytes,
+                        "follower_applied_ahead": applied_ahead,
                     }
                 )
                 print(
-                    f"version {version} ({stats.encoding}): {stats.total_bytes / 2**20:.1f} MiB, "
+                    f"version {version} ({stats.encoding}, {coder}): {stats.total_bytes / 2**20:.1f} MiB, "
                     f"{stats.changed / stats.elements:.2%} changed, exact={exact}, "
                     f"publish→applied {applied_ms:.0f} ms, "
                     f"publish {rows[-1]['seconds']['publish'] * 1e3:.0f} ms, apply {(check_s + take_s) * 1e3:.0f} ms "
@@ -382,7 +399,18 @@ def summarize(measured: dict) -> dict:
             }
         )
     first = steps[0]
+    end_to_end = {}
+    for coder in sorted({row["coder"] for row in rows[1:]}):
+        times = [row["publish_to_applied_ms"] for row in rows[1:] if row["coder"] == coder]
+        end_to_end[coder] = {
+            "versions": len(times),
+            "p50_ms": float(np.percentile(times, 50)),
+            "p99_ms": float(np.percentile(times, 99)),
+        }
     return {
+        "end_to_end": end_to_end,
+        "follower_shadow_bytes": max(row["follower_shadow_bytes"] for row in rows),
+        "follower_applied_ahead": rows[-1]["follower_applied_ahead"],
         "full_version": {
             "bytes": full_bytes,
             "seconds": rows[0]["seconds"],
@@ -463,6 +491,14 @@ def main() -> None:
         default=1,
         help="torch intra-op threads (1, as the trainer's default train.threads: on a shared machine a second "
         "OpenMP thread stalls every parallel region while the other core is busy)",
+    )
+    parser.add_argument(
+        "--coders",
+        type=lambda text: text.split(","),
+        default=["streamed", "serial"],
+        help="publish paths, taking turns by version from the first (which publishes the full version 0): serial "
+        "(encode all, then send: weights.encode_workers 0) "
+        "and streamed (encoded on every core while chunks go out; the follower applies them to its shadow)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each publish and apply stage; the best counts")
     parser.add_argument("--out", type=Path, default=RESULTS / "weights")
