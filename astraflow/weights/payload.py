@@ -88,14 +88,7 @@ def to_transfer(
     taken: set[int] = set()
     for name, given in state.items():
         tensor = given.detach()
-        key = (
-            tensor.device,
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tensor.stride(),
-            tensor.dtype,
-        )
+        key = tie_key(tensor)
         source, copied = seen.get(key, (None, None))
         if source is None or source() is None:  # new, or at the address of a tensor freed since (not tied)
             target = dtype if tensor.is_floating_point() else tensor.dtype
@@ -108,6 +101,19 @@ def to_transfer(
             taken.add(id(copied))
         out[name] = copied
     return out
+
+
+def tie_key(tensor: torch.Tensor) -> tuple:
+    """What two tensors of a state dict share when one is tied to the other (the same weights under two
+    names): storage, offset, shape, stride and dtype."""
+    return (
+        tensor.device,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.dtype,
+    )
 
 
 def build_payload(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor] | None) -> Payload:

@@ -43,7 +43,7 @@ from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import TensorSpec, WeightChunk
 from astraflow.weights.delta import EncodedTensor, encode_bits, pad8
-from astraflow.weights.payload import TRANSFER_DTYPES, dtype_name, tensor_bits
+from astraflow.weights.payload import TRANSFER_DTYPES, dtype_name, tensor_bits, tie_key
 
 Job = tuple[torch.Tensor, EncodedTensor]
 """A tensor's transfer-dtype copy and its section."""
@@ -158,19 +158,12 @@ def _submit(
     reuse: Mapping[str, torch.Tensor] | None,
 ) -> Iterator[tuple[str, Future[Job] | str]]:
     """(name, its job) per tensor, submitted as pulled; a name tied to an earlier one here and in the
-    base gets that name instead. Ties as in ``to_transfer``: same storage, offset, shape, stride, dtype."""
+    base gets that name instead. Ties as in ``to_transfer`` (``tie_key``)."""
     seen: dict[tuple, tuple[weakref.ref, str, Future[Job]]] = {}
     taken: set[int] = set()
     for name, given in state.items():
         tensor = given.detach()
-        key = (
-            tensor.device,
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tensor.stride(),
-            tensor.dtype,
-        )
+        key = tie_key(tensor)
         old = base.get(name) if base is not None else None
         source, twin, future = seen.get(key, (None, "", None))
         if source is not None and source() is not None:  # tied to ``twin``
