@@ -260,6 +260,24 @@ def kill_mid_transaction(run: Run, worker: subprocess.Popen, slices: list[list],
             run.produce(slices.pop(0))
 
 
+def each_group_once(run: Run, worker: subprocess.Popen, groups: int, timeout: float) -> list[TrainSample]:
+    """Let ``worker`` report every one of ``groups`` and commit everything fed, stop it, and check that
+    each group was reported once and each sample of an accepted group emitted once; the samples."""
+    wait_for(
+        lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, timeout, "every group reported", worker
+    )
+    ends = run.log.end_offsets(run.topics.trajectories("main"))
+    wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything", worker)
+    stop(worker)
+    stats = run.read(run.topics.feedback(), PromptStats)
+    assert sorted(s.group_id for s in stats) == sorted(f"g{g}" for g in range(groups))  # each group reported once
+    samples = run.read(run.topics.samples("main"), TrainSample)
+    emitted = Counter(s.sample_id for s in samples)
+    assert max(emitted.values()) == 1, [sample for sample, count in emitted.items() if count > 1][:10]
+    assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+    return samples
+
+
 def stop(process: subprocess.Popen) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
@@ -352,19 +370,7 @@ def test_a_killed_faust_worker_loses_no_group_and_emits_none_twice(make_run: Cal
     for rest in slices:
         run.produce(rest)
 
-    wait_for(
-        lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 90, "every group to be reported", worker
-    )
-    ends = run.log.end_offsets(run.topics.trajectories("main"))
-    wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything", worker)
-    stop(worker)
-
-    stats = run.read(run.topics.feedback(), PromptStats)
-    assert sorted(s.group_id for s in stats) == sorted(f"g{g}" for g in range(groups))  # each group reported once
-    samples = run.read(run.topics.samples("main"), TrainSample)
-    emitted = Counter(s.sample_id for s in samples)
-    assert max(emitted.values()) == 1
-    assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+    samples = each_group_once(run, worker, groups, 90)
     assert aborted > 0 and emitted_before_kill < len(samples)  # the kill cut a transaction holding samples
     # ... whose samples were written again, in a transaction that committed: no transaction the restarted
     # worker began was aborted (every aborted sample lies below where the partitions ended at the kill)
@@ -400,18 +406,7 @@ def test_a_faust_worker_killed_at_a_named_crash_point_loses_no_group_and_emits_n
     worker = run.stream("--runtime", "faust")
     for rest in slices:
         run.produce(rest)
-    wait_for(
-        lambda: len(run.read(run.topics.feedback(), PromptStats)) >= groups, 120, "every group to be reported", worker
-    )
-    ends = run.log.end_offsets(run.topics.trajectories("main"))
-    wait_for(lambda: run.committed() == ends, 30, "the worker to commit everything", worker)
-    stop(worker)
-
-    stats = run.read(run.topics.feedback(), PromptStats)
-    assert sorted(s.group_id for s in stats) == sorted(f"g{g}" for g in range(groups))  # each group reported once
-    emitted = Counter(s.sample_id for s in run.read(run.topics.samples("main"), TrainSample))
-    assert max(emitted.values()) == 1, [sample for sample, count in emitted.items() if count > 1][:10]
-    assert set(emitted) == {f"g{g}/{i}" for g in range(groups) if g % 5 for i in range(GROUP)}
+    each_group_once(run, worker, groups, 120)
 
 
 def test_a_killed_native_processor_resumes_from_its_commits_on_kafka(make_run: Callable[[str], Run]) -> None:

@@ -36,6 +36,20 @@ BATCH = 8
 WAIT_S = 240.0
 
 
+def run_to_a_step(run: TrainerRun, name: str, epoch: int) -> None:
+    """Start trainer ``name`` unarmed, wait until it (trainer ``epoch``) committed a step, and stop it."""
+    trainer = run.start(name)
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while not any(e.epoch == epoch and e.kind == "step" for e in ledger(run.ctx)):
+            assert trainer.poll() is None, run.output(name)
+            assert time.monotonic() < deadline, f"the {name} trainer published no step"
+            time.sleep(0.2)
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(timeout=WAIT_S)
+
+
 def test_two_kills_between_checkpoint_and_commit_resume_from_the_last_committed_checkpoint(tmp_path: Path) -> None:
     run = TrainerRun(tmp_path, {"run": "fallback", "train": {"checkpoint_every": 10, "batch_samples": BATCH}})
     ctx = run.ctx
@@ -48,16 +62,7 @@ def test_two_kills_between_checkpoint_and_commit_resume_from_the_last_committed_
         assert max(e.version for e in entries if e.epoch == 2) == 49
         assert "v00000030" in {p.name for p in RunDir(run.run_dir).checkpoints("main").glob("v*")}
 
-        third = run.start("third")
-        deadline = time.monotonic() + WAIT_S
-        try:
-            while not any(e.epoch == 3 and e.kind == "step" for e in ledger(ctx)):
-                assert third.poll() is None, run.output("third")
-                assert time.monotonic() < deadline, "the third trainer published no step"
-                time.sleep(0.2)
-        finally:
-            third.send_signal(signal.SIGTERM)
-            third.wait(timeout=WAIT_S)
+        run_to_a_step(run, "third", epoch=3)
         entries = ledger(ctx)
         (start,) = [e for e in entries if e.epoch == 3 and e.kind == "start"]
         assert (start.parent_epoch, start.parent_version) == (1, 30)
@@ -81,16 +86,7 @@ def test_a_full_disk_under_a_checkpoint_ends_the_trainer_with_the_error_and_the_
         assert "v00000020.tmp" in {p.name for p in checkpoints.glob("v*")}  # what the full disk left
         assert max(e.version for e in ledger(ctx)) == 19
 
-        second = run.start("second")
-        deadline = time.monotonic() + WAIT_S
-        try:
-            while not any(e.epoch == 2 and e.kind == "step" for e in ledger(ctx)):
-                assert second.poll() is None, run.output("second")
-                assert time.monotonic() < deadline, "the restarted trainer published no step"
-                time.sleep(0.2)
-        finally:
-            second.send_signal(signal.SIGTERM)
-            second.wait(timeout=WAIT_S)
+        run_to_a_step(run, "second", epoch=2)
         entries = ledger(ctx)
         (start,) = [e for e in entries if e.epoch == 2 and e.kind == "start"]
         assert (start.parent_epoch, start.parent_version, start.version) == (1, 10, 20)
