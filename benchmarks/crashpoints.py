@@ -101,11 +101,10 @@ def plans(points: list[str], setup: str, passes: int) -> list[tuple[str, list[st
         if point in FULL_DISK:
             singles.append((f"{point} full disk", [f"{armed(point, passes)}!enospc"]))
         if point.startswith(TRAINER_STAGES):
-            again = armed(point, 1 if point in RARE_AFTER_RESTART else passes)
-            pairs.append((f"{point} twice", [armed(point, passes), again]))
+            pairs.append((f"{point} twice", [armed(point, passes), armed_after_restart(point, passes)]))
             following = next((p for p in points[index + 1 :] if p.startswith(TRAINER_STAGES)), None)
             if following and not applicable(following, setup) and following not in AFTER:
-                second = armed(following, 1 if following in RARE_AFTER_RESTART else passes)
+                second = armed_after_restart(following, passes)
                 pairs.append((f"{point} then {following}", [armed(point, passes), second]))
     return singles + pairs
 
@@ -113,6 +112,11 @@ def plans(points: list[str], setup: str, passes: int) -> list[tuple[str, list[st
 def armed(point: str, passes: int) -> str:
     """The entry that kills at ``point`` on its ``passes``-th pass (the first, for ``ONCE_PER_PROCESS``)."""
     return f"{point}#{1 if point in ONCE_PER_PROCESS else passes}"
+
+
+def armed_after_restart(point: str, passes: int) -> str:
+    """The entry of the second kill of a pair, in the restarted process (``RARE_AFTER_RESTART``)."""
+    return armed(point, 1) if point in RARE_AFTER_RESTART else armed(point, passes)
 
 
 def walk(setup: str, points: list[str], args: argparse.Namespace, work: Path, save) -> dict:
