@@ -41,7 +41,10 @@ class TopicSpec:
     retention_ms: int | None = None
     """Records older than this may be deleted; ``None`` keeps them forever."""
     compacted: bool = False
-    """Keep only the newest record per key (used for the schema topic)."""
+    """Keep only the newest record per key (the schema topic, changelogs, episode journals). A record
+    with an empty value is the key's tombstone: compaction removes the key's older records at once
+    and the tombstone itself after a day (Kafka, which gets it as a null value: ``delete.retention.ms``;
+    the embedded log: ``compaction.TOMBSTONE_RETENTION_MS``). Readers see a tombstone as an empty value."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest record the topic accepts."""
     segment_ms: int | None = None

@@ -106,6 +106,34 @@ def test_a_compacted_topic_that_rolls_its_segment_keeps_only_new_values(kafka_lo
     assert kept == sorted(set(kept)), "compaction keeps the surviving values once each, in the order written"
 
 
+def test_an_empty_value_is_a_tombstone_read_as_empty(kafka_log: KafkaLog, kafka_bootstrap: str, unique: str) -> None:
+    """An empty value goes to Kafka as a null value - a tombstone, which the broker's cleaner removes with
+    its key from a compacted topic - and the Log API reads it back as an empty value."""
+    from confluent_kafka import Consumer as RawConsumer
+    from confluent_kafka import TopicPartition as RawPartition
+
+    topic = f"kafka.tombstone.{unique}"
+    kafka_log.create_topic(TopicSpec(topic, compacted=True))
+    with kafka_log.producer() as producer:
+        producer.send(topic, b"turn 1", key=b"episode", partition=0)
+        producer.send(topic, b"", key=b"episode", partition=0)
+    with kafka_log.consumer() as reader:
+        reader.assign([TopicPartition(topic, 0)])
+        assert [m.value for m in first_records(reader, 2)] == [b"turn 1", b""]
+    raw = RawConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"raw-{unique}", "enable.auto.commit": False})
+    try:
+        raw.assign([RawPartition(topic, 0, 0)])
+        values = []
+        deadline = time.monotonic() + 30
+        while len(values) < 2 and time.monotonic() < deadline:
+            message = raw.poll(1.0)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+        assert values == [b"turn 1", None]
+    finally:
+        raw.close()
+
+
 def java_partition(key: bytes, partitions: int) -> int:
     """The Java client's default partition for a key: ``toPositive(murmur2(key)) % partitions``."""
     m, seed, mask = 0x5BD1E995, 0x9747B28C, 0xFFFFFFFF

@@ -14,6 +14,7 @@ import pytest
 from astraflow.core.errors import LogError
 from astraflow.log import TopicPartition, TopicSpec
 from astraflow.log.embedded import store as embedded_store
+from astraflow.log.embedded.compaction import TOMBSTONE_RETENTION_MS
 from astraflow.log.embedded.groups import assign_round_robin
 from astraflow.log.embedded.log import EmbeddedLog
 from astraflow.log.embedded.store import WAL_SIZE_LIMIT_BYTES, Checkpointer, now_ms, pack_headers, unpack_headers
@@ -69,6 +70,21 @@ def test_compaction_keeps_the_newest_record_per_key(log: EmbeddedLog) -> None:
         for key, value in [(b"a", b"1"), (b"b", b"2"), (b"a", b"3"), (None, b"n"), (b"a", b"4")]:
             producer.send("schemas", value, key=key)
     assert read_all(log, "schemas") == [(1, b"b", b"2"), (3, None, b"n"), (4, b"a", b"4")]
+
+
+def test_a_tombstone_removes_its_key_at_once_and_itself_after_a_day(
+    log: EmbeddedLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log.create_topic(TopicSpec("episodes", compacted=True))
+    start = now_ms()
+    with log.producer() as producer:
+        for key, value in [(b"a", b"turn 1"), (b"b", b"turn 1"), (b"a", b"turn 2"), (b"a", b"")]:
+            producer.send("episodes", value, key=key, timestamp_ms=start)
+    assert read_all(log, "episodes") == [(1, b"b", b"turn 1"), (3, b"a", b"")]  # the tombstone still readable
+    monkeypatch.setattr(embedded_store, "now_ms", lambda: start + TOMBSTONE_RETENTION_MS + 1)
+    with log.producer() as producer:
+        producer.send("episodes", b"turn 1", key=b"c", timestamp_ms=start)  # the next append compacts
+    assert read_all(log, "episodes") == [(1, b"b", b"turn 1"), (4, b"c", b"turn 1")]
 
 
 def test_commit_of_a_partition_that_moved_or_of_an_old_generation_is_rejected(log: EmbeddedLog) -> None:

@@ -37,6 +37,7 @@ from typing import NamedTuple
 from astraflow.core.errors import DeliveryError, LogError, RecordTooLargeError, TopicNotFoundError
 from astraflow.log.base import Producer
 from astraflow.log.embedded import store
+from astraflow.log.embedded.compaction import compact
 from astraflow.log.embedded.doorbell import ring
 
 LINGER_RECORDS = 10_000
@@ -202,7 +203,7 @@ class Appender:
             if compacted:
                 for touched, partition in ends:
                     if touched == tid:
-                        store.compact(conn, tid, partition)
+                        compact(conn, tid, partition, now)
             if retention_ms is not None and time.monotonic() >= self._retention_checked.get(name, 0.0):
                 self._retention_checked[name] = time.monotonic() + RETENTION_CHECK_S
                 store.apply_retention(conn, name, partitions, retention_ms, now)

@@ -388,13 +388,3 @@ def apply_retention(conn: sqlite3.Connection, topic: str, partitions: int, reten
             "DELETE FROM records WHERE topic_id = ? AND partition = ? AND offset < ?", (tid, partition, keep_from)
         ).rowcount
     return deleted
-
-
-def compact(conn: sqlite3.Connection, tid: int, partition: int) -> int:
-    """Delete every keyed record that a newer record with the same key supersedes."""
-    return conn.execute(
-        "DELETE FROM records WHERE topic_id = :t AND partition = :p AND key IS NOT NULL"
-        " AND offset NOT IN (SELECT max(offset) FROM records WHERE topic_id = :t AND partition = :p"
-        " AND key IS NOT NULL GROUP BY key)",
-        {"t": tid, "p": partition},
-    ).rowcount

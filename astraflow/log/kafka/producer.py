@@ -209,7 +209,9 @@ def produce(
     """Hand one record to librdkafka, waiting up to ``_QUEUE_FULL_WAIT_S`` while its queue is full.
 
     Returns the error of a record the client rejects at once (too large for ``message.max.bytes``),
-    ``None`` once the record is queued; its delivery report goes to ``on_delivery``."""
+    ``None`` once the record is queued; its delivery report goes to ``on_delivery``. An empty value
+    goes as Kafka's null, a tombstone on a compacted topic (``TopicSpec.compacted``)."""
+    value = value or None
     kwargs: dict[str, Any] = {"key": key, "on_delivery": on_delivery, "timestamp": timestamp_ms or 0}
     if headers:
         kwargs["headers"] = list(headers)
