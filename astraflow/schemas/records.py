@@ -72,6 +72,8 @@ class Trajectory:
     generate_ms: float = 0.0
     reward_ms: float = 0.0
     created_ms: int = 0
+    producers: list[str] = field(default_factory=list)  # a resumed episode's producers, in turn order
+    resumes: int = 0  # times the episode was resumed from its recorded turns
 
     @property
     def min_version(self) -> int:

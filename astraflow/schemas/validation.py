@@ -52,6 +52,8 @@ from astraflow.schemas.records import DeadLetter, Metric, PromptStats, Trajector
 
 MAX_ID_BYTES = 256
 """The longest id or name a trajectory may carry, in UTF-8 bytes."""
+MAX_PRODUCERS = 64
+"""The most producers one resumed episode may list (``agent.max_resumes`` + 1 of them, at most 51)."""
 MAX_REWARD_COMPONENTS = 64
 """The most named reward components one trajectory may carry."""
 ID_FIELDS = (
@@ -111,6 +113,14 @@ def validate(trajectory: Trajectory, limits: Limits = Limits(), newest_version: 
     problem = _components_problem(trajectory.reward_components, limits.max_abs_reward)
     if problem is not None:
         return f"reward_components: {problem}"
+    if len(trajectory.producers) > MAX_PRODUCERS:
+        return f"producers: {len(trajectory.producers)} listed, more than {MAX_PRODUCERS}"
+    for producer in trajectory.producers:
+        problem = id_problem(producer)
+        if problem is not None:
+            return f"producers: {problem}"
+    if trajectory.resumes < 0:
+        return f"resumes: {trajectory.resumes} is negative"
     for name in ("generate_ms", "reward_ms"):
         value = getattr(trajectory, name)
         if not (math.isfinite(value) and value >= 0):

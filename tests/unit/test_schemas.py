@@ -75,6 +75,8 @@ def trajectory(region: str = "eu-west", hardware: str = "cpu") -> Trajectory:
         generate_ms=12.5,
         reward_ms=0.5,
         created_ms=1_700_000_000_000,
+        producers=["rollout-1", "rollout-0"],
+        resumes=1,
     )
 
 
@@ -390,7 +392,7 @@ UNKNOWN_FP = bytes.fromhex("1111111111111111")
         (b"\xc3\x02" + GOOD[2:], SchemaError, ["c302"]),
         (GOOD[:9], SchemaError, ["9 bytes"]),
         (b"\xc3\x01" + UNKNOWN_FP + GOOD[10:], UnknownSchemaError, ["1111111111111111", "unknown writer schema"]),
-        (GOOD[:-5], SchemaError, ["corrupt or truncated", "astraflow.Trajectory", "f3eec546e1d1ee46"]),
+        (GOOD[:-5], SchemaError, ["corrupt or truncated", "astraflow.Trajectory", GOOD[2:10].hex()]),
         (GOOD + b"\x00", SchemaError, ["1 bytes left over", "astraflow.Trajectory"]),
         ("c3 01", SchemaError, ["expected bytes", "str"]),
     ],
