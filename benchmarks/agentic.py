@@ -26,6 +26,15 @@ one sandbox (``run_python_tests``), and 16 programs' tests in one sandbox (``run
 as the code environment runs a chunk of a generation's programs now, with the code example's 4 KiB
 output cap), side by side.
 
+``--kill-producers N``: each example runs twice with the same config, once as above and once with
+its rollout producer SIGKILLed N times, each time at the ``--kill-every``-th commit of completed turns
+of the producer's life (``rollout.commit_turns``, ``core/crashpoints.py``; the launcher restarts it,
+and the restarted producer resumes the episodes from their recorded turns). Per example it records
+both runs' held-out results side by side and what resuming saved, from the producers' own counters:
+episodes resumed, policy turns taken from the journal instead of generated again, and the generation
+and environment seconds those turns had cost (``rollout.resumed_seconds``), against the turns
+generated in all.
+
 The machine is whatever it is (2 shared cores in this project): the load average at the start and
 end of each part is recorded. Writes ``benchmarks/results/agentic.json`` and ``agentic.png``.
 
@@ -56,15 +65,23 @@ RESULTS = REPO / "benchmarks" / "results"
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 
 
-def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
-    """``astraflow run`` of one example; its curves, summary and timings."""
+def run_example(name: str, minutes: float, work: Path, cold: bool, kills: int = 0, kill_every: int = 20) -> dict:
+    """``astraflow run`` of one example; its curves, summary and timings. With ``kills``, its rollout producer
+    is killed that many times at its ``kill_every``-th commit of turns (module docstring)."""
+    from astraflow.core.crashpoints import ENV, RECORD_ENV
+
     raw = yaml.safe_load((REPO / "examples" / name / "config.yaml").read_text())
-    raw["run"] = f"bench-{name}"
+    raw["run"] = f"bench-{name}" + (f"-killed{kills}" if kills else "")
+    name_dir = name + (f"-killed{kills}" if kills else "")
     raw["stop"] = {"max_minutes": minutes, "target_accuracy": None}  # on time, never on what is reported
-    config = work / f"{name}.yaml"
+    config = work / f"{name_dir}.yaml"
     config.write_text(yaml.safe_dump(raw))
-    run_dir = work / name
+    run_dir = work / name_dir
     env = dict(os.environ)
+    record_dir = work / f"{name_dir}-crash-record"
+    if kills:
+        record_dir.mkdir()
+        env.update({ENV: ",".join([f"rollout.commit_turns#{kill_every}"] * kills), RECORD_ENV: str(record_dir)})
     if cold:
         env["ASTRAFLOW_CACHE"] = str(work / f"cache-{name}")
     load_before = os.getloadavg()
@@ -93,8 +110,13 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
             if row["name"] == metric
         ]
 
+    resumed = resume_counters(rows)
+    if kills:
+        resumed["producer_kills"] = len(list(record_dir.iterdir()))
     return {
         "example": name,
+        "producer_kills_armed": kills,
+        "resume": resumed,
         "result": quoted_result(summary),
         "config": raw,
         "total_seconds": time.perf_counter() - started,
@@ -107,6 +129,28 @@ def run_example(name: str, minutes: float, work: Path, cold: bool) -> dict:
         "loadavg_after": os.getloadavg(),
         "provenance": finish(record),
     }
+
+
+def resume_counters(rows: list[dict]) -> dict:
+    """The producers' episode counters at the end of a run, summed over every producer process."""
+    from astraflow.core.metric_names import (
+        ROLLOUT_EPISODES_RESUMED,
+        ROLLOUT_RESUMED_SECONDS,
+        ROLLOUT_TURNS_GENERATED,
+        ROLLOUT_TURNS_RESUMED,
+    )
+
+    names = {
+        ROLLOUT_TURNS_GENERATED: "turns_generated",
+        ROLLOUT_TURNS_RESUMED: "turns_resumed",
+        ROLLOUT_EPISODES_RESUMED: "episodes_resumed",
+        ROLLOUT_RESUMED_SECONDS: "resumed_seconds",
+    }
+    last: dict[tuple[str, str], float] = {}
+    for row in rows:
+        if row["name"] in names:  # cumulative per process: its last value
+            last[names[row["name"]], row.get("labels", {}).get("instance", row["component"])] = row["value"]
+    return {key: sum(v for (k, _), v in last.items() if k == key) for key in names.values()}
 
 
 def policy_result(accuracy_by_version: dict[str, float], versions: int, minutes: float) -> dict:
@@ -244,7 +288,8 @@ def plot(report: dict, path: Path) -> None:
             alpha=0.5,
             label="sampled reward (rollout batches)",
         )
-        ax.set_title(f"{run['example']} (warm-up {run['warmup_seconds']:.0f} s, not shown)")
+        killed = f", producer killed {run['resume'].get('producer_kills')}x" if run.get("producer_kills_armed") else ""
+        ax.set_title(f"{run['example']}{killed} (warm-up {run['warmup_seconds']:.0f} s, not shown)")
         ax.set_xlabel("seconds since the components started")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
@@ -282,6 +327,11 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="warm each base checkpoint up anew (own cache per run)")
     parser.add_argument("--sandbox-runs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--kill-producers", type=int, default=0, help="also run each example with its producer killed this often"
+    )
+    parser.add_argument("--kill-every", type=int, default=20, help="commits of turns of a producer before its kill")
+    parser.add_argument("--skip-sandbox", action="store_true", help="leave the sandbox figures out of this invocation")
     parser.add_argument("--output", type=Path, default=RESULTS / "agentic.json")
     parser.add_argument(
         "--merge",
@@ -295,16 +345,24 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    report["sandbox"] = sandbox_throughput(args.sandbox_runs, args.workers)
+    report["sandbox"] = [] if args.skip_sandbox else sandbox_throughput(args.sandbox_runs, args.workers)
     work = Path(tempfile.mkdtemp(prefix="astraflow-agentic-"))
     try:
         report["runs"] = [run_example(name, args.minutes, work, args.cold) for name in args.examples.split(",")]
+        if args.kill_producers:
+            report["runs"] += [
+                run_example(name, args.minutes, work, args.cold, args.kill_producers, args.kill_every)
+                for name in args.examples.split(",")
+            ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.merge and args.output.is_file():  # runs of other examples are kept, each with the machine load it ran under
-        fresh = {run["example"] for run in report["runs"]}
-        kept = [run for run in json.loads(args.output.read_text())["runs"] if run["example"] not in fresh]
+        fresh = {(run["example"], run.get("producer_kills_armed", 0)) for run in report["runs"]}
+        old = json.loads(args.output.read_text())
+        kept = [run for run in old["runs"] if (run["example"], run.get("producer_kills_armed", 0)) not in fresh]
         report["runs"] = kept + report["runs"]
+        if args.skip_sandbox:
+            report["sandbox"] = old.get("sandbox", [])
     for run in report["runs"]:
         for policy, r in run.get("result", {}).items():
             if policy == "system":
@@ -318,6 +376,18 @@ def main() -> None:
                 f"{run['example']} {policy}: held-out {r['base']:.3f} -> {r['final_last_two']:.3f} "
                 f"(mean of the last two, {r['gain']:+.3f}) in {r['versions']} versions, {r['minutes']:.1f} min "
                 f"after a {run['warmup_seconds']:.0f} s warm-up, at {ran_at(run)}"
+                + (
+                    f", producer killed {run['resume'].get('producer_kills')} times"
+                    if run.get("producer_kills_armed")
+                    else ""
+                )
+            )
+        if run.get("producer_kills_armed"):
+            s = run["resume"]
+            print(
+                f"{run['example']} resumed {s['episodes_resumed']:.0f} episodes: {s['turns_resumed']:.0f} policy turns "
+                f"not played again ({s['resumed_seconds']:.1f} s of generation and tools), "
+                f"{s['turns_generated']:.0f} generated in all"
             )
     for entry in report["sandbox"]:
         rates = {k: round(v["executions_per_s"], 1) for k, v in entry.items() if k.startswith("threads_")}

@@ -74,6 +74,13 @@ class PolicyAudit:
     fallbacks: list[str] = field(default_factory=list)
     """Restarts that went back further than ``train.checkpoint_every`` steps: a crash may cost the steps
     since the last committed checkpoint, never more (a failure, as a lost trajectory is)."""
+    episodes_resumed: int = 0
+    """Trajectories of episodes resumed from their recorded turns after their producer stopped."""
+    episodes_finished_twice: list[str] = field(default_factory=list)
+    """Episodes with more than one trajectory record. Exactly-once producers finish each once; copies
+    come only from a topic written twice (mirrored, re-sent), which the stream drops as duplicates."""
+    episodes_unfinished: int = 0
+    """Episodes on the journal (``{run}.episodes.{policy}``) with turns recorded and no trajectory yet."""
 
     @property
     def items(self) -> int:
@@ -200,10 +207,13 @@ def _audit_policy(
     trajectories = f"{run.name}.trajectories.{policy}"
     items: dict[str, list[tuple[int, int]]] = defaultdict(list)  # id → (partition, offset) of its records
     dead: dict[str, str] = {}
+    resumed: set[str] = set()
     for message, record in decode_snapshot(run.log, trajectories):
         result.records += 1
         item = record.trajectory_id if isinstance(record, Trajectory) else f"@{message.partition}:{message.offset}"
         items[item].append((message.partition, message.offset))
+        if isinstance(record, Trajectory) and record.resumes:
+            resumed.add(item)
         letter = letters.get((trajectories, message.partition, message.offset))
         if letter is not None:
             dead.setdefault(item, reason_kind(letter))
@@ -281,7 +291,21 @@ def _audit_policy(
     result.filtered = dict(counts["filtered"].most_common())
     result.dead_lettered = dict(counts["dead"].most_common())
     result.pending = dict(counts["pending"].most_common())
+    result.episodes_resumed = len(resumed)
+    result.episodes_finished_twice = sorted(item for item, places in items.items() if len(places) > 1)
+    result.episodes_unfinished = unfinished_episodes(run, policy)
     return result
+
+
+def unfinished_episodes(run: AttachedRun, policy: str) -> int:
+    """Episodes whose newest record on the journal holds turns, not a tombstone (``episode_journal.py``)."""
+    topic = f"{run.name}.episodes.{policy}"
+    if topic not in set(run.run_topics()):
+        return 0
+    newest: dict[bytes | None, bool] = {}
+    for message in read_snapshot(run.log, topic):
+        newest[message.key] = bool(message.value)
+    return sum(newest.values())
 
 
 def audit_run(run: AttachedRun) -> AuditReport:
@@ -336,6 +360,11 @@ def format_report(report: AuditReport, versions: bool = False) -> str:
                 f" {p.retrained} trajectories of them trained again"
             ),
             f"  fall-backs     {len(p.fallbacks):>7}  {'; '.join(p.fallbacks[:3])}",
+            (
+                f"  episodes: {p.episodes_resumed} resumed from recorded turns, {len(p.episodes_finished_twice)}"
+                f" finished twice {' '.join(p.episodes_finished_twice[:5])}, {p.episodes_unfinished} unfinished"
+                " on the journal"
+            ),
         ]
         if versions:
             lines += [f"    version {v}: {n}" for v, n in p.trained.items()]

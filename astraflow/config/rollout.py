@@ -195,6 +195,17 @@ class AgentConfig(Section):
     """Environment / tool time per episode; past it the episode ends (``tool_time_limit``)."""
     tool_workers: int = Field(default=4, ge=1, le=256)
     """Environment steps a producer runs in parallel."""
+    resume_episodes: bool = True
+    (
+        "Record each completed turn on ``{run}.episodes.{policy}`` in the producer's transaction, so the producer that "
+        "owns a task after a crash resumes its episodes from their last completed turn instead of their first "
+        '(docs/reliability.md, "Episodes across a producer crash").'
+    )
+    max_resumes: int = Field(default=2, ge=0, le=50)
+    (
+        "Times an episode may be resumed from its recorded turns; the task of an episode that would be resumed once "
+        "more is dead-lettered, so an episode that crashes its producer cannot crash every producer in turn."
+    )
     search_top_k: int = Field(default=1, ge=1, le=50)
     """``search``: documents returned per query."""
     corpus_file: str | None = None

@@ -53,6 +53,22 @@ ROLLOUT_VERSION_LAG = "rollout.version_lag"
 """Newest weight version announced on the weights topic minus the version the engine generated the
 batch with (versions), labelled ``policy``, ``region``, ``hardware``. ``step``: the engine's version."""
 
+ROLLOUT_TURNS_GENERATED = "rollout.turns_generated"
+"""Policy turns of multi-turn episodes this producer process generated so far (count, cumulative),
+labelled ``policy``, ``region``, ``hardware``. ``step``: the weight version that policy's engine holds."""
+
+ROLLOUT_TURNS_RESUMED = "rollout.turns_resumed"
+"""Policy turns this producer process took from recorded episodes instead of generating them (count,
+cumulative; ``producers/rollout/episode_journal.py``), labelled as ``rollout.turns_generated``."""
+
+ROLLOUT_RESUMED_SECONDS = "rollout.resumed_seconds"
+"""Generation and environment seconds of the turns this producer process took from recorded episodes,
+which it did not spend again (seconds, cumulative), labelled as ``rollout.turns_generated``."""
+
+ROLLOUT_EPISODES_RESUMED = "rollout.episodes_resumed"
+"""Episodes this producer process resumed from their recorded turns (count, cumulative), labelled as
+``rollout.turns_generated``."""
+
 ROLLOUT_MEAN_REWARD = "rollout.mean_reward"
 """Mean reward of one policy's trajectories in the last batch (reward units; only for a batch with
 some), labelled ``policy``, ``region``, ``hardware``. ``step``: the engine's weight version."""
@@ -271,6 +287,10 @@ _COUNTERS = frozenset(
         FEEDER_SKIPPED,
         ROLLOUT_BUSY_SECONDS,
         ROLLOUT_TRAJECTORIES,
+        ROLLOUT_TURNS_GENERATED,
+        ROLLOUT_TURNS_RESUMED,
+        ROLLOUT_EPISODES_RESUMED,
+        ROLLOUT_RESUMED_SECONDS,
         STREAM_ACCEPTED_GROUPS,
         STREAM_REPLAYED_GROUPS,
         STREAM_OFFLINE_GROUPS,

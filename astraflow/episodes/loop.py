@@ -26,6 +26,9 @@ max_new_tokens, temperature, greedy)`` returning samples with ``ids``, ``logprob
 environment (server down, sandbox broken), or a score without a finite ``reward``, fails the
 whole task: its group would be incomplete, and a broken environment must not look like a zero
 reward. Every environment is closed, whatever happened.
+
+A ``journal`` (the rollout producer's) records the turns of the episodes still going after every
+round and starts an episode it holds turns of from them (``resume.py``).
 """
 
 from __future__ import annotations
@@ -35,128 +38,21 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from astraflow.core.errors import AstraFlowError, RewardError
-from astraflow.envs.base import EnvError, EnvFactory, EpisodeEnv, StepResult
-from astraflow.schemas.records import RolloutTask, Turn
+from astraflow.envs.base import EnvFactory, EpisodeEnv, StepResult
+from astraflow.episodes.episode import AgentLimits, Episode, Transcript, close_episode, encode_prompt
+from astraflow.episodes.resume import EpisodeJournal, start_episode
+from astraflow.schemas.records import RolloutTask
 
 if TYPE_CHECKING:
-    from astraflow.config import AgentConfig
     from astraflow.engines.base import TokenEngine
 
+__all__ = ["AgentLimits", "Episode", "EpisodeJournal", "Transcript", "demonstrate", "encode_prompt", "play"]
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AgentLimits:
-    """Bounds of one episode (``agent`` section of the config, plus ``rollout.max_new_tokens``)."""
-
-    max_turns: int = 4  # policy turns
-    max_new_tokens: int = 32  # tokens of one policy turn
-    max_total_tokens: int = 256  # response tokens of the episode, policy and environment together
-    max_observation_tokens: int = 64  # an environment turn longer than this is cut
-    max_tool_seconds: float = 30.0  # environment time of the episode
-    tool_workers: int = 4  # environment steps run in parallel
-
-    @classmethod
-    def from_config(cls, agent: AgentConfig, max_new_tokens: int) -> AgentLimits:
-        return cls(
-            agent.max_turns,
-            max_new_tokens,
-            agent.max_total_tokens,
-            agent.max_observation_tokens,
-            agent.max_tool_seconds,
-            agent.tool_workers,
-        )
-
-
-@dataclass
-class Transcript:
-    """The token spans after a prompt, each with its log-probs, version and loss mask (1: policy)."""
-
-    prompt_ids: np.ndarray  # [P] int32
-    spans: list[tuple[np.ndarray, np.ndarray, int, int]] = field(default_factory=list)  # ids, logprobs, version, mask
-    turns: list[Turn] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return self.turns[-1].end if self.turns else 0
-
-    def context(self) -> np.ndarray:
-        """[P + R] int32: what the policy conditions on for its next turn."""
-        return np.concatenate([self.prompt_ids, *(span[0] for span in self.spans)]).astype(np.int32)
-
-    def append(self, ids: np.ndarray, logprobs: np.ndarray, version: int, role: str) -> None:
-        if len(ids):
-            self.spans.append(
-                (
-                    np.asarray(ids, dtype=np.int32),
-                    np.asarray(logprobs, dtype=np.float32),
-                    version,
-                    int(role == "policy"),
-                )
-            )
-            self.turns.append(Turn(role, self.length, self.length + len(ids), version))
-
-    def last_policy_ids(self) -> np.ndarray:
-        return next(span[0] for span in reversed(self.spans) if span[3])
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The response as [R] arrays: ids (int32), behaviour log-probs (float32), versions (int32),
-        loss mask (uint8)."""
-        if not self.spans:
-            return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, np.uint8)
-        ids, logprobs, versions, masks = zip(
-            *((s[0], s[1], np.full(len(s[0]), s[2], np.int32), np.full(len(s[0]), s[3], np.uint8)) for s in self.spans)
-        )
-        return np.concatenate(ids), np.concatenate(logprobs), np.concatenate(versions), np.concatenate(masks)
-
-
-@dataclass
-class Episode:
-    """One episode: its environment, transcript so far, and how it ended and scored."""
-
-    task_pos: int
-    index: int
-    env: EpisodeEnv
-    transcript: Transcript | None = None
-    policy_turns: int = 0
-    tool_seconds: float = 0.0
-    generate_ms: float = 0.0
-    finish_reason: str | None = None
-    score: dict[str, float] = field(default_factory=dict)  # env.reward(), once ended
-
-    def observe(self, result: StepResult, tokenizer, limits: AgentLimits) -> None:
-        """Append the environment's answer to the last policy turn, or end the episode."""
-        if result.done:
-            self.finish_reason = "stop"
-        elif self.policy_turns >= limits.max_turns:
-            self.finish_reason = "turn_limit"
-        elif self.tool_seconds > limits.max_tool_seconds:
-            self.finish_reason = "tool_time_limit"
-        else:
-            ids = tokenizer(result.observation, add_special_tokens=False)["input_ids"][: limits.max_observation_tokens]
-            if self.transcript.length + len(ids) >= limits.max_total_tokens:
-                self.finish_reason = "token_limit"
-            else:
-                self.transcript.append(
-                    np.asarray(ids, dtype=np.int32),
-                    np.zeros(len(ids), dtype=np.float32),
-                    self.transcript.turns[-1].version,
-                    self.env.role,
-                )
-
-
-def encode_prompt(tokenizer, prompt: str, task_id: str) -> np.ndarray:
-    """The prompt's ids, encoded on their own; ``EnvError`` for an empty prompt."""
-    ids = np.asarray(tokenizer(prompt, add_special_tokens=False)["input_ids"], dtype=np.int32)
-    if not len(ids):
-        raise EnvError(f"the environment gave task {task_id} an empty prompt")
-    return ids
 
 
 def play(
@@ -166,36 +62,42 @@ def play(
     limits: AgentLimits,
     temperature: float,
     greedy: bool = False,
+    journal: EpisodeJournal | None = None,
 ) -> tuple[list[Episode], dict[int, AstraFlowError]]:
-    """Play ``group_size`` episodes of every task to their end; returns the episodes (scored) and
-    the failed tasks by position (their episodes carry no score)."""
+    """Play ``group_size`` episodes of every task to their end, each from its recorded turns where
+    ``journal`` holds some; returns the episodes (scored) and the failed tasks by position (their
+    episodes carry no score)."""
     failed: dict[int, AstraFlowError] = {}
     episodes: list[Episode] = []
     try:
         for pos, task in enumerate(tasks):
             try:
                 for index in range(task.group_size):
-                    episodes.append(Episode(pos, index, make_env(task, index)))
-                    episodes[-1].transcript = Transcript(
-                        encode_prompt(engine.tokenizer, episodes[-1].env.reset(), task.task_id)
-                    )
+                    episodes.append(start_episode(engine, task, pos, index, make_env, limits, journal))
             except AstraFlowError as exc:
                 failed[pos] = exc
+        resumed = [e for e in episodes if e.resumes and e.task_pos not in failed]
+        if journal is not None and resumed:
+            journal.resumed(tasks, resumed)
         with ThreadPoolExecutor(limits.tool_workers, thread_name_prefix="env") as pool:
             live = [e for e in episodes if e.task_pos not in failed]
             while live:
                 _policy_turn(engine, live, limits, temperature, greedy)
                 _environment_turn(engine, pool, [e for e in live if e.finish_reason is None], limits, failed)
                 live = [e for e in live if e.finish_reason is None and e.task_pos not in failed]
+                if journal is not None and live:
+                    journal.record(tasks, live)
         for episode in episodes:
             if episode.task_pos not in failed:
                 try:
                     episode.score = _score(episode, tasks[episode.task_pos])
                 except AstraFlowError as exc:
                     failed[episode.task_pos] = exc
+        if journal is not None:
+            journal.finished(episodes)
     finally:
         for episode in episodes:
-            _close(episode)
+            close_episode(episode)
     return episodes, failed
 
 
@@ -274,13 +176,6 @@ def _score(episode: Episode, task: RolloutTask) -> dict[str, float]:
     return components
 
 
-def _close(episode: Episode) -> None:
-    try:
-        episode.env.close()
-    except AstraFlowError as exc:
-        logger.warning("closing the environment of episode %d failed: %s", episode.index, exc)
-
-
 def demonstrate(
     env: EpisodeEnv, actions: Sequence[str], tokenizer, limits: AgentLimits, task_id: str = "demo"
 ) -> Transcript:
@@ -302,5 +197,5 @@ def demonstrate(
             if episode.finish_reason is not None:
                 break
     finally:
-        _close(episode)
+        close_episode(episode)
     return episode.transcript

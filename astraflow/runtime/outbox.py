@@ -18,12 +18,12 @@ class Outbox:
 
     def __init__(self, ctx: ComponentContext) -> None:
         self._ctx = ctx
-        self.records: list[tuple[str, bytes, bytes | None]] = []
-        """(topic, value, key) of every record, in order."""
+        self.records: list[tuple[str, bytes, bytes | None, int | None]] = []
+        """(topic, value, key, partition) of every record, in order."""
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        """Hold one record, partitioned by its key when it is written (as ``Producer.send``)."""
-        self.records.append((topic, value, key))
+    def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+        """Hold one record, for ``partition`` or partitioned by its key when it is written (as ``Producer.send``)."""
+        self.records.append((topic, value, key, partition))
 
     def dead_letter(self, message: Message | None, reason: str, error: BaseException | None = None) -> None:
         """Hold the dead letter of ``message`` (``ComponentContext.dead_letter``, but in the transaction)."""
@@ -32,5 +32,5 @@ class Outbox:
 
     def write(self, producer: TransactionalProducer) -> None:
         """Send every record held into ``producer``'s open transaction."""
-        for topic, value, key in self.records:
-            producer.send(topic, value, key=key)
+        for topic, value, key, partition in self.records:
+            producer.send(topic, value, key=key, partition=partition)

@@ -71,6 +71,11 @@ class RunTopics:
         """What made each weight version of ``policy`` (``LedgerEntry``), written by its trainer."""
         return f"{self.run}.ledger.{policy}"
 
+    def episodes(self, policy: str) -> str:
+        """The completed turns of ``policy``'s episodes still going, keyed by episode (compacted; a finished
+        episode's tombstone goes with its trajectory: ``producers/rollout/episode_journal.py``)."""
+        return f"{self.run}.episodes.{policy}"
+
     def stream_changelog(self, policy: str) -> str:
         """The native stream processor's state: half-filled groups, closed group ids, operator state."""
         return f"{self.run}.stream.{policy}.changelog"
@@ -88,6 +93,12 @@ class RunTopics:
                 TopicSpec(self.trajectories(policy), partitions=partitions),
                 TopicSpec(self.samples(policy), partitions=1),
                 TopicSpec(self.ledger(policy), partitions=1),
+                TopicSpec(
+                    self.episodes(policy),
+                    partitions=partitions,  # one per tasks partition: its episodes' turns
+                    compacted=True,
+                    segment_ms=CHANGELOG_SEGMENT_MS,
+                ),
                 TopicSpec(self.weights(policy), partitions=2, max_message_bytes=chunk_bytes + MiB),
                 TopicSpec(
                     self.stream_changelog(policy),

@@ -201,7 +201,7 @@ def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
         RUN,
         "embedded",
         "stopped",
-        26,  # per policy: trajectories, samples, ledger, weights, the stream's changelog; tasks, feedback;
+        28,  # per policy: trajectories, samples, ledger, weights, episodes, the stream's changelog; tasks, feedback;
         14,  # and per writing role (7): metrics, dead letters
     )
     (recorded.run_dir / "summary.json").write_text(json.dumps({"final_accuracy": 0.6, "versions": 2}))
@@ -218,7 +218,7 @@ def test_runs_ls_show_rm(recorded: RecordedRun, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is live"):
         remove_run(ref)
     removed = remove_run(ref, force=True)
-    assert len(removed) == 27 and removed[-1] == str(recorded.run_dir)
+    assert len(removed) == 29 and removed[-1] == str(recorded.run_dir)
     assert not recorded.run_dir.exists() and list_runs(root) == []
     with pytest.raises(ConfigError, match="no run 'demo'"):
         resolve_run(RUN, root)

@@ -23,7 +23,7 @@ import numpy as np
 
 from astraflow.core.errors import RewardError
 from astraflow.engines.base import Engine
-from astraflow.episodes.loop import Transcript
+from astraflow.episodes.loop import EpisodeJournal, Transcript
 from astraflow.schemas.records import RolloutTask, Trajectory
 
 
@@ -49,6 +49,12 @@ class Workflow(ABC):
     """Runs episodes of a batch of tasks with the engines of the policies involved."""
 
     policies: tuple[str, ...]
+    journal: EpisodeJournal | None = None
+    """Where a workflow whose episodes take turns records them as they complete and finds those a stopped
+    producer left (``episodes.loop``, "Resuming"); the rollout producer sets it on a workflow that
+    ``resumes``."""
+    resumes: bool = False
+    """Whether the workflow's episodes can be resumed from recorded turns (it uses ``journal``)."""
 
     @abstractmethod
     def run_batch(
@@ -77,13 +83,16 @@ def make_trajectory(
     *,
     generate_ms: float,
     reward_ms: float,
+    producers: list[str] | None = None,
+    resumes: int = 0,
 ) -> Trajectory:
     """The Trajectory of sample ``index`` of ``task``: every workflow builds its records here.
 
     ``transcript`` holds the response turn by turn, as sampled (``astraflow.episodes.loop``);
     ``components`` the named rewards, the scalar under ``"reward"``; ``text`` the response as
     people read it. The id ``{task_id}/{index}`` is deterministic, so a task redone after a crash
-    yields the same ids (the stream drops the duplicates).
+    yields the same ids (the stream drops the duplicates). ``producers`` and ``resumes``: those of an
+    episode resumed from recorded turns (``episodes.loop.resume``), this producer last.
     """
     response_ids, logprobs, versions, mask = transcript.arrays()
     trajectory_id = f"{task.task_id}/{index}"
@@ -112,6 +121,8 @@ def make_trajectory(
         generate_ms=generate_ms,
         reward_ms=reward_ms,
         created_ms=int(time.time() * 1000),
+        producers=[*producers, provenance.producer_id] if producers else [],
+        resumes=resumes,
     )
 
 

@@ -24,7 +24,9 @@ from astraflow.tasks.catalog import Environments, open_environments
 
 
 class MultiTurnWorkflow(Workflow):
-    """One policy against one environment per episode."""
+    """One policy against one environment per episode; its episodes resume from recorded turns."""
+
+    resumes = True
 
     def __init__(
         self, policy: str, make_env: EnvFactory, limits: AgentLimits, temperature: float, greedy: bool = False
@@ -44,7 +46,9 @@ class MultiTurnWorkflow(Workflow):
         self, engines: Mapping[str, Engine], tasks: list[RolloutTask], provenance: Provenance
     ) -> list[TaskOutcome]:
         engine = engines[self.policy]
-        episodes, failed = play(engine, tasks, self.make_env, self.limits, self.temperature, self.greedy)
+        episodes, failed = play(
+            engine, tasks, self.make_env, self.limits, self.temperature, self.greedy, journal=self.journal
+        )
         outcomes = [TaskOutcome(task) for task in tasks]
         for pos, error in failed.items():
             outcomes[pos].error = error
@@ -63,6 +67,8 @@ class MultiTurnWorkflow(Workflow):
                         provenance,
                         generate_ms=episode.generate_ms,
                         reward_ms=episode.tool_seconds * 1000,
+                        producers=episode.producers,
+                        resumes=episode.resumes,
                     )
                 )
         return outcomes

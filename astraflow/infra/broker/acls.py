@@ -9,8 +9,8 @@ name, consumer groups and transactional ids by prefix):
 role       reads                                       writes
 =========  ==========================================  ============================================
 feeder     tasks, feedback, weights (versions only)     tasks; transactional ids ``r.feed.``
-producer   tasks, weights                               trajectories; groups and transactional ids
-                                                        ``r.rollout.``
+producer   tasks, weights, episodes                     trajectories, episodes; groups and
+                                                        transactional ids ``r.rollout.``
 stream     trajectories, tasks, weights, its changelogs samples, feedback, topics ``r.stream.``
                                                         (its changelogs; faust creates its own);
                                                         groups and transactional ids ``r.stream.``
@@ -71,7 +71,10 @@ def run_grants(topics: RunTopics) -> list[Grant]:
     weights = [topics.weights(p) for p in policies]
     per_role: dict[str, dict[str, list[str]]] = {
         "feeder": {"read": [topics.tasks(), topics.feedback(), *weights], "write": [topics.tasks()]},
-        "producer": {"read": [topics.tasks(), *weights], "write": [topics.trajectories(p) for p in policies]},
+        "producer": {
+            "read": [topics.tasks(), *weights, *(topics.episodes(p) for p in policies)],
+            "write": [*(topics.trajectories(p) for p in policies), *(topics.episodes(p) for p in policies)],
+        },
         "stream": {
             "read": [*(topics.trajectories(p) for p in policies), topics.tasks(), *weights],
             "write": [*(topics.samples(p) for p in policies), topics.feedback()],

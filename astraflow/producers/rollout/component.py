@@ -57,9 +57,13 @@ from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import AstraFlowError, RecordTooLargeError
 from astraflow.core.metric_names import (
     ROLLOUT_BUSY_SECONDS,
+    ROLLOUT_EPISODES_RESUMED,
     ROLLOUT_MEAN_REWARD,
+    ROLLOUT_RESUMED_SECONDS,
     ROLLOUT_SAMPLES_PER_S,
     ROLLOUT_TRAJECTORIES,
+    ROLLOUT_TURNS_GENERATED,
+    ROLLOUT_TURNS_RESUMED,
     ROLLOUT_VERSION_LAG,
     ROLLOUT_WEIGHTS_APPLIED_MS,
 )
@@ -67,6 +71,7 @@ from astraflow.core.rundir import RunDir
 from astraflow.engines import build_engine
 from astraflow.episodes.workflows.base import Provenance, TaskOutcome
 from astraflow.episodes.workflows.factory import build_run_workflow
+from astraflow.producers.rollout.episode_journal import EpisodeJournal
 from astraflow.producers.rollout.task_batches import TaskBatch, TaskBatches
 from astraflow.runtime.base_checkpoint import base_checkpoint_path
 from astraflow.runtime.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
@@ -108,6 +113,11 @@ class RolloutProducer:
         }
         self.trajectories = {policy: 0 for policy in self.engines}
         self.busy_seconds = 0.0
+        self.journal = None
+        if self.workflow.resumes and cfg.agent.resume_episodes:  # episodes of turns: recorded as they complete
+            (policy,) = self.workflow.policies
+            self.journal = EpisodeJournal(ctx, policy, self.provenance, cfg.agent.max_resumes)
+            self.workflow.journal = self.journal
 
     def _refresh(self, policy: str, follower: WeightFollower) -> None:
         pending = follower.take()
@@ -126,13 +136,21 @@ class RolloutProducer:
             for follower in followers.values():
                 follower.close()
             return
-        batches = TaskBatches(ctx, f"{cfg.run}.rollout.{cfg.workflow}")
+        journal = self.journal
+        batches = TaskBatches(
+            ctx,
+            f"{cfg.run}.rollout.{cfg.workflow}",
+            on_assigned=journal.load if journal else None,
+            on_revoked=journal.forget if journal else None,
+        )
         try:
             while not stop.is_set():
                 for policy, follower in followers.items():
                     self._refresh(policy, follower)
                 batch = batches.poll(cfg.rollout.prompts_per_generation, timeout=0.5)
                 tasks = self._runnable(batch)
+                if journal is not None:
+                    journal.begin(batches, batch, {task.task_id: batch.partition_of(outbox) for task, outbox in tasks})
                 if tasks and not self._await_versions([task for task, _ in tasks], followers, stop):
                     # stopped before the engines held the versions the tasks wait for: samples of an
                     # older version would be stale, and lockstep replaces no stale group, so the
@@ -141,9 +159,13 @@ class RolloutProducer:
                     break
                 if tasks:
                     self._produce(tasks, followers)
+                    if journal is not None:  # the recorded episodes' tombstones go with their trajectories
+                        journal.tombstones(batch, [task for task, _ in tasks])
                 if batch.messages:
                     crash_point("rollout.commit_batch")
-                    batches.commit(batch)
+                    committed = batches.commit(batch)
+                    if journal is not None:
+                        journal.committed(committed, [task for task, _ in tasks])
                     crash_point("rollout.flush_metrics")
                     ctx.producer.flush()  # the batch's metrics
         finally:
@@ -260,6 +282,11 @@ class RolloutProducer:
             ctx.metric(ROLLOUT_VERSION_LAG, max(followers[policy].newest_version, 0) - version, version, **labels)
             if values:
                 ctx.metric(ROLLOUT_MEAN_REWARD, float(np.mean(values)), version, **labels)
+            if self.journal is not None and self.journal.policy == policy:
+                ctx.metric(ROLLOUT_TURNS_GENERATED, self.journal.turns_generated, version, **labels)
+                ctx.metric(ROLLOUT_TURNS_RESUMED, self.journal.turns_resumed, version, **labels)
+                ctx.metric(ROLLOUT_EPISODES_RESUMED, self.journal.episodes_resumed, version, **labels)
+                ctx.metric(ROLLOUT_RESUMED_SECONDS, self.journal.resumed_seconds, version, **labels)
 
 
 def invalid_task(task: RolloutTask, problem: str) -> str:

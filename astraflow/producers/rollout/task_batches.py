@@ -38,11 +38,17 @@ Steps of one batch:
    commits a task twice, and the next rebalance settles it.
    Any other failure (a record the log refuses, a commit whose outcome the log could not tell)
    ends the producer, and its restart redoes the batch.
+
+While a batch of multi-turn episodes runs, ``journal`` commits their completed turns in transactions
+of the same producers, without offsets (``episode_journal.py``); one refused hands the partition
+back as in step 4, and the batch's commit skips it. ``on_assigned`` / ``on_revoked`` hear of each
+partition this member gains (once its producer has fenced the previous owner) and loses.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from astraflow.core.crashpoints import crash_point
 from astraflow.core.errors import FencedError, TransactionAbortedError
@@ -60,12 +66,22 @@ class TaskBatch:
         self._ctx = ctx
         self.messages = messages
         self.outboxes: dict[int, Outbox] = {}
+        self.refused: set[int] = set()
+        """Partitions whose transaction was refused while the batch ran: handed back, not committed."""
 
     def outbox(self, message: Message) -> Outbox:
         """Where the records made from ``message``'s task go: its partition's outbox."""
-        if message.partition not in self.outboxes:
-            self.outboxes[message.partition] = Outbox(self._ctx)
-        return self.outboxes[message.partition]
+        return self.partition_outbox(message.partition)
+
+    def partition_of(self, outbox: Outbox) -> int:
+        """The tasks partition whose outbox ``outbox`` is."""
+        return next(partition for partition, held in self.outboxes.items() if held is outbox)
+
+    def partition_outbox(self, partition: int) -> Outbox:
+        """The outbox of the batch's tasks of ``partition``."""
+        if partition not in self.outboxes:
+            self.outboxes[partition] = Outbox(self._ctx)
+        return self.outboxes[partition]
 
     def ends(self) -> dict[int, int]:
         """Per partition of the batch, the offset after its last task: the group's next offset."""
@@ -78,8 +94,16 @@ class TaskBatch:
 class TaskBatches:
     """A member of the task group that commits each batch's records with its offsets (module docstring)."""
 
-    def __init__(self, ctx: ComponentContext, group_id: str) -> None:
+    def __init__(
+        self,
+        ctx: ComponentContext,
+        group_id: str,
+        on_assigned: Callable[[int], None] | None = None,
+        on_revoked: Callable[[int], None] | None = None,
+    ) -> None:
         self._ctx = ctx
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
         self._topic = ctx.topics.tasks()
         self.group_id = group_id
         self._consumer = ctx.log.consumer(group_id=group_id)
@@ -96,20 +120,31 @@ class TaskBatches:
         # a record of a partition revoked by this very poll is its new owner's to run
         return TaskBatch(self._ctx, [m for m in messages if m.partition in self._producers])
 
-    def commit(self, batch: TaskBatch) -> None:
-        """Steps 3 and 4: commit each partition's records with its offsets, or hand the partition back."""
+    def commit(self, batch: TaskBatch) -> list[int]:
+        """Steps 3 and 4: commit each partition's records with its offsets, or hand the partition back;
+        returns the partitions committed."""
+        committed = []
         for partition, after in sorted(batch.ends().items()):
-            try:
-                self._commit(partition, batch.outboxes.get(partition), after)
-            except FencedError as exc:
-                self._producers.pop(partition).close()
-                logger.warning("tasks partition %d has a newer owner; its tasks are handed back: %s", partition, exc)
-                self._redo(partition)
-            except TransactionAbortedError as exc:
-                logger.warning(
-                    "the transaction of tasks partition %d was aborted; its tasks are redone: %s", partition, exc
-                )
-                self._redo(partition)
+            if partition in batch.refused:
+                continue  # handed back when its journal's transaction was refused
+            if self._transaction(batch, partition, lambda producer: self._commit(producer, batch, partition, after)):
+                committed.append(partition)
+        return committed
+
+    def journal(self, batch: TaskBatch, partition: int, records: list[tuple[str, bytes, bytes]]) -> bool:
+        """Commit ``records`` (topic, value, key) of the batch's tasks of ``partition`` to that partition
+        of their topics, without offsets; ``False`` if the partition was handed back (now or before)."""
+        if partition in batch.refused:
+            return False
+
+        def write(producer: TransactionalProducer) -> None:
+            producer.begin()
+            for topic, value, key in records:
+                producer.send(topic, value, key=key, partition=partition)
+            crash_point("rollout.commit_turns")  # the turns of the batch's episodes so far: all or nothing
+            producer.commit()
+
+        return self._transaction(batch, partition, write)
 
     def close(self) -> None:
         """Close the transactional producers (no transaction is open between batches), then leave the group."""
@@ -120,8 +155,22 @@ class TaskBatches:
             self._producers = {}
             self._consumer.close()
 
-    def _commit(self, partition: int, outbox: Outbox | None, after: int) -> None:
-        producer = self._producers[partition]
+    def _transaction(self, batch: TaskBatch, partition: int, write: Callable[[TransactionalProducer], None]) -> bool:
+        """``write`` with the partition's producer; a refused transaction hands the partition back (step 4)."""
+        try:
+            write(self._producers[partition])
+            return True
+        except FencedError as exc:
+            self._producers.pop(partition).close()
+            logger.warning("tasks partition %d has a newer owner; its tasks are handed back: %s", partition, exc)
+        except TransactionAbortedError as exc:
+            logger.warning("the transaction of tasks partition %d was aborted; its tasks redone: %s", partition, exc)
+        batch.refused.add(partition)
+        self._redo(partition)
+        return False
+
+    def _commit(self, producer: TransactionalProducer, batch: TaskBatch, partition: int, after: int) -> None:
+        outbox = batch.outboxes.get(partition)
         producer.begin()
         if outbox is not None:
             outbox.write(producer)
@@ -145,5 +194,9 @@ class TaskBatches:
         owned = {tp.partition for tp in self._consumer.assignment()}
         for partition in sorted(set(self._producers) - owned):
             self._producers.pop(partition).close()
+            if self._on_revoked is not None:
+                self._on_revoked(partition)
         for partition in sorted(owned - set(self._producers)):
             self._producers[partition] = self._ctx.log.transactional_producer(self.transactional_id(partition))
+            if self._on_assigned is not None:
+                self._on_assigned(partition)
