@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -219,3 +220,27 @@ def working_sandbox():
         if probe(cls(SandboxLimits(wall_seconds=2.0))) is None:
             return cls
     return None
+
+
+def test_an_episode_resumed_max_resumes_times_fails_its_task_naming_it() -> None:
+    """The producer's journal refuses a third resume (``agent.max_resumes``: 2): the task fails, and the
+    producer dead-letters it (``send_outcome``) instead of playing an episode that may kill it again."""
+    from types import SimpleNamespace
+
+    from astraflow.producers.rollout.episode_journal import EpisodeJournal, EpisodeResumedTooOftenError
+    from astraflow.runtime.topics import RunTopics
+
+    killed = MemoryJournal(FIRST, kill_after=1)
+    with pytest.raises(Killed):
+        play(killed, version=4)
+    ctx = SimpleNamespace(topics=RunTopics("run", "agent", ("main",)))
+    journal = EpisodeJournal(ctx, "main", SECOND, max_resumes=2)
+    held = {key: replace(record, resumes=2, producers=["a", "b", "c"]) for key, record in killed.held.items()}
+    journal._recorded = {0: held}  # as ``load`` reads it from the journal's partition 0
+    journal.begin(None, None, {"t1": 0, "t2": 0})
+    workflow = MultiTurnWorkflow("main", lambda t, i: Counter(int(t.task_id[1:]) * 10 + i), LIMITS, 1.0)
+    workflow.journal = journal
+    outcomes = workflow.run_batch({"main": ScriptedEngine(TOKENIZER, lambda c: "go")}, [task(1), task(2)], SECOND)
+    for outcome in outcomes:
+        assert isinstance(outcome.error, EpisodeResumedTooOftenError) and outcome.trajectories == []
+        assert f"episode {outcome.task.task_id}/0 was resumed 2 times already (producers a, b, c)" in str(outcome.error)
