@@ -47,7 +47,6 @@ from typing import Any
 from astraflow.chaos.malformed import Kind, key_of, kinds, make
 from astraflow.chaos.pipeline_runs import BATCH, CODEC, GROUP, Pipeline, good_group, good_record
 from astraflow.config import load_config
-from astraflow.core.errors import AstraFlowError
 from astraflow.runtime.attach import read_snapshot
 from astraflow.runtime.context import ComponentContext
 from astraflow.runtime.schema_store import LogSchemaStore
@@ -196,8 +195,7 @@ def attach(pipeline: Pipeline, out: Injector, codec: Codec, chosen_kinds: list[K
     from astraflow.infra.launch.launcher import ForgeryReporter
     from astraflow.infra.launch.monitor import RunMonitor
     from astraflow.producers.feeder.feedback import FeedbackReader
-    from astraflow.producers.rollout.component import invalid_task, task_problem
-    from astraflow.schemas.records import RolloutTask
+    from astraflow.producers.rollout.component import runnable_task
 
     config, topics = load_config(pipeline.config), pipeline.topics
     where = {"tasks": topics.tasks(), "feedback": topics.feedback()}
@@ -212,14 +210,9 @@ def attach(pipeline: Pipeline, out: Injector, codec: Codec, chosen_kinds: list[K
     launcher = ComponentContext(config, pipeline.run_dir, "launch")
     try:
         for message in read_snapshot(pipeline.log, where["tasks"]):  # RolloutProducer._runnable
-            try:
-                task = codec.decode(message.value, expect=RolloutTask)
-            except AstraFlowError as exc:
-                producer.dead_letter(message, f"undecodable task: {exc}", exc)
-                continue
-            problem = task_problem(task, {"main": None}, config.rollout.group_size)
-            if problem is not None:
-                producer.dead_letter(message, invalid_task(task, problem))
+            task, reason, error = runnable_task(codec, message.value, {"main": None}, config.rollout.group_size)
+            if task is None:
+                producer.dead_letter(message, reason, error)
         reader = FeedbackReader(feeder, _Curator())
         reader.catch_up()
         reader.close()

@@ -36,7 +36,7 @@ from astraflow.infra.launch.launcher import ForgeryReporter
 from astraflow.infra.launch.monitor import RunMonitor
 from astraflow.log import Message, open_log
 from astraflow.producers.feeder.feedback import FeedbackReader
-from astraflow.producers.rollout.component import invalid_task, task_problem
+from astraflow.producers.rollout.component import runnable_task, task_problem
 from astraflow.runtime.attach import decode_snapshot
 from astraflow.runtime.context import ComponentContext, dead_letter_record
 from astraflow.runtime.schema_store import LogSchemaStore
@@ -244,22 +244,17 @@ def test_rejected_samples_that_share_an_invalid_id_still_complete_their_group(tm
 
 @pytest.mark.parametrize("kind", params("tasks"))
 def test_a_rollout_producer_rejects_each_malformed_task(kind: Kind) -> None:
-    """``RolloutProducer._runnable``: decode, ``task_problem``; a dead letter must encode."""
+    """``RolloutProducer._runnable`` (``runnable_task``: decode, ``task_problem``); a dead letter must encode."""
     codec = Codec()
     value = make(kind, good_record("tasks"), 0, codec)
     message = Message(f"{RUN}.tasks.math", 0, 0, b"g", value, 0)
-    outcome = Outcome()
-    try:
-        task = codec.decode(value, expect=RolloutTask)
-    except AstraFlowError as exc:
-        outcome.reasons = [f"undecodable task: {exc}"]
+    task, reason, error = runnable_task(codec, value, {"main": None}, GROUP)
+    outcome = Outcome([reason] if task is None else [], taken=task is not None)
+    if task is None:
         try:
-            codec.encode(dead_letter_record("rollout-test", message, outcome.reasons[0], exc))
-        except AstraFlowError as error:
-            outcome.error = f"{type(error).__name__}: {error}"
-    else:
-        problem = task_problem(task, {"main": None}, GROUP)
-        outcome = Outcome([invalid_task(task, problem)] if problem else [], taken=problem is None)
+            codec.encode(dead_letter_record("rollout-test", message, reason, error))
+        except AstraFlowError as exc:
+            outcome.error = f"{type(exc).__name__}: {exc}"
     check(kind, outcome)
 
 

@@ -76,6 +76,7 @@ from astraflow.producers.rollout.task_batches import TaskBatch, TaskBatches
 from astraflow.runtime.base_checkpoint import base_checkpoint_path
 from astraflow.runtime.context import SAMPLE_HEADROOM_BYTES, ComponentContext, now_ms
 from astraflow.runtime.outbox import Outbox
+from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import RolloutTask, Trajectory
 from astraflow.schemas.validation import clipped, id_problem
 from astraflow.tasks.datasets import load_task_split
@@ -183,16 +184,13 @@ class RolloutProducer:
         tasks = []
         for message in batch.messages:
             outbox = batch.outbox(message)
-            try:
-                task = self.ctx.codec.decode(message.value, expect=RolloutTask)
-            except AstraFlowError as exc:
-                outbox.dead_letter(message, f"undecodable task: {exc}", exc)
-                continue
-            problem = task_problem(task, self.engines, self.ctx.config.rollout.group_size)
-            if problem is not None:
-                outbox.dead_letter(message, invalid_task(task, problem))
-                continue
-            tasks.append((task, outbox))
+            task, reason, error = runnable_task(
+                self.ctx.codec, message.value, self.engines, self.ctx.config.rollout.group_size
+            )
+            if task is None:
+                outbox.dead_letter(message, reason, error)
+            else:
+                tasks.append((task, outbox))
         return tasks
 
     def _await_versions(
@@ -287,6 +285,21 @@ class RolloutProducer:
                 ctx.metric(ROLLOUT_TURNS_RESUMED, self.journal.turns_resumed, version, **labels)
                 ctx.metric(ROLLOUT_EPISODES_RESUMED, self.journal.episodes_resumed, version, **labels)
                 ctx.metric(ROLLOUT_RESUMED_SECONDS, self.journal.resumed_seconds, version, **labels)
+
+
+def runnable_task(
+    codec: Codec, value: bytes, engines: dict, group_size: int | None
+) -> tuple[RolloutTask | None, str, Exception | None]:
+    """The task a tasks record holds, if a producer of ``engines``' policies can run it: ``(task, "", None)``;
+    else ``(None, reason, error)``, what its dead letter says (undecodable, or ``task_problem``'s problem)."""
+    try:
+        task = codec.decode(value, expect=RolloutTask)
+    except AstraFlowError as exc:
+        return None, f"undecodable task: {exc}", exc
+    problem = task_problem(task, engines, group_size)
+    if problem is not None:
+        return None, invalid_task(task, problem), None
+    return task, "", None
 
 
 def invalid_task(task: RolloutTask, problem: str) -> str:
