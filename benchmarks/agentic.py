@@ -28,7 +28,7 @@ output cap), side by side.
 
 ``--kill-producers N``: each example runs twice with the same config, once as above and once with
 its rollout producer SIGKILLed N times, each time at the ``--kill-every``-th commit of completed turns
-of the producer's life (``rollout.commit_turns``, ``core/crashpoints.py``; the launcher restarts it,
+of the producer's life (right after it: ``rollout.turns_committed``, ``core/crashpoints.py``; the launcher restarts it,
 and the restarted producer resumes the episodes from their recorded turns). Per example it records
 both runs' held-out results side by side and what resuming saved, from the producers' own counters:
 episodes resumed, policy turns taken from the journal instead of generated again, and the generation
@@ -81,7 +81,7 @@ def run_example(name: str, minutes: float, work: Path, cold: bool, kills: int = 
     record_dir = work / f"{name_dir}-crash-record"
     if kills:
         record_dir.mkdir()
-        env.update({ENV: ",".join([f"rollout.commit_turns#{kill_every}"] * kills), RECORD_ENV: str(record_dir)})
+        env.update({ENV: ",".join([f"rollout.turns_committed#{kill_every}"] * kills), RECORD_ENV: str(record_dir)})
     if cold:
         env["ASTRAFLOW_CACHE"] = str(work / f"cache-{name}")
     load_before = os.getloadavg()

@@ -48,7 +48,8 @@ ON_FAILURE_ONLY = {
     "evaluator.flush_dead_letter": "only after an evaluation that failed",
     "trainer.flush_skipped": "only after a step with a non-finite loss (tests/integration/test_bad_records.py)",
     "publish.flush_manifest": "only a publish outside a transaction (benchmarks/weights.py; the trainer's is in one)",
-    "rollout.commit_turns": "only episodes of several turns (tests/e2e/test_episode_resume.py: rooms, both backends)",
+    "rollout.commit_turns": "only episodes of several turns",
+    "rollout.turns_committed": "only episodes of several turns (tests/e2e/test_episode_resume.py, rooms)",
 }
 """Points no run of the math example reaches, and where they are reached instead."""
 ONCE_PER_PROCESS = frozenset({"trainer.flush_start"})

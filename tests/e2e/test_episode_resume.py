@@ -1,9 +1,9 @@
 """Multi-turn episodes survive a producer killed in their middle (``producers/rollout/episode_journal.py``).
 
 The rooms example as separate processes (trainer, stream, feeder, one rollout producer), on both
-backends. The producer SIGKILLs itself at its fourth commit of completed turns
-(``rollout.commit_turns#4``, ``core/crashpoints.py``): its batch's episodes have one or two turns each
-on the journal, nothing of them on the trajectories topic. The test reads the journal then, with
+backends. The producer SIGKILLs itself right after its second commit of completed turns
+(``rollout.turns_committed#2``, ``core/crashpoints.py``), which held turns of episodes still going:
+those are on the journal, nothing of them on the trajectories topic. The test reads the journal then, with
 nothing running that could write it, and starts another producer. That one must finish each recorded
 episode from its last recorded turn: the finished trajectory starts with the recorded tokens, log-probs,
 versions and turns byte for byte, lists both producers and one resume, and the second producer's
@@ -85,7 +85,7 @@ def test_a_killed_producers_episodes_finish_from_their_last_recorded_turn(
 
     processes = {name: start(name, name) for name in ("train", "stream", "feed")}
     processes["rollout-a"] = start(
-        "rollout", "rollout-a", **{CRASH_ENV: "rollout.commit_turns#4", RECORD_ENV: str(record)}
+        "rollout", "rollout-a", **{CRASH_ENV: "rollout.turns_committed#2", RECORD_ENV: str(record)}
     )
     try:
         assert processes["rollout-a"].wait(timeout=300) == -9, (logs / "rollout-a.out").read_text()[-3000:]

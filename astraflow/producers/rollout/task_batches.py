@@ -143,6 +143,7 @@ class TaskBatches:
                 producer.send(topic, value, key=key, partition=partition)
             crash_point("rollout.commit_turns")  # the turns of the batch's episodes so far: all or nothing
             producer.commit()
+            crash_point("rollout.turns_committed")  # a kill here leaves unfinished episodes on the journal
 
         return self._transaction(batch, partition, write)
 
