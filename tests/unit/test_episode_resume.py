@@ -244,3 +244,42 @@ def test_an_episode_resumed_max_resumes_times_fails_its_task_naming_it() -> None
     for outcome in outcomes:
         assert isinstance(outcome.error, EpisodeResumedTooOftenError) and outcome.trajectories == []
         assert f"episode {outcome.task.task_id}/0 was resumed 2 times already (producers a, b, c)" in str(outcome.error)
+
+
+def test_the_journal_loads_its_partition_newest_record_per_episode(tmp_path) -> None:
+    """``EpisodeJournal.load`` on the embedded log: the newest record of each episode, none for an episode
+    whose tombstone came, and an undecodable record dead-lettered (its episode plays from its start)."""
+    from astraflow.config import parse_config
+    from astraflow.producers.rollout.episode_journal import EpisodeJournal
+    from astraflow.runtime.attach import read_snapshot
+    from astraflow.runtime.context import ComponentContext
+
+    killed = MemoryJournal(FIRST, kill_after=2)
+    with pytest.raises(Killed):
+        play(killed, version=4)
+    config = parse_config({"run": "r", "rollout": {"workflow": "rooms", "reward": "env"}, "log": {"partitions": 2}})
+    ctx = ComponentContext(config, tmp_path, "rollout")
+    try:
+        topic = ctx.topics.episodes("main")
+        first, second = sorted(killed.held)[:2]
+        with ctx.log.producer() as producer:
+            for key, record in sorted(killed.held.items()):
+                producer.send(topic, ctx.codec.encode(record), key=key.encode(), partition=1)
+            producer.send(topic, b"", key=first.encode(), partition=1)  # finished: its tombstone
+            producer.send(topic, b"\xc3\x01garbage", key=second.encode(), partition=1)
+        journal = EpisodeJournal(ctx, "main", SECOND, max_resumes=2)
+        journal.load(1)
+        assert set(journal._recorded[1]) == set(killed.held) - {first, second}
+        assert journal._recorded[1][sorted(killed.held)[2]].response_ids.tobytes() == (
+            killed.held[sorted(killed.held)[2]].response_ids.tobytes()
+        )
+        journal.load(0)
+        assert journal._recorded[0] == {}
+        ctx.producer.flush()
+        letters = [ctx.codec.decode(m.value) for m in read_snapshot(ctx.log, ctx.topics.deadletter("producer"))]
+        assert [letter.reason.split(":")[0] for letter in letters] == [
+            "undecodable episode record (played from its start)"
+        ]
+        assert (letters[0].topic, letters[0].partition) == (topic, 1)
+    finally:
+        ctx.close()
