@@ -256,7 +256,7 @@ def _encodings(topic: str, expected: str, other: Callable[[Any], Any]) -> list[K
         K(topic, "body.trailing", _bytes(lambda d, r: d + r.randbytes(r.randint(1, 8))), field="left over"),
         K(topic, "header.garbage", _bytes(lambda d, r: b"\0" + r.randbytes(40)), field="not an Avro single-object"),
         K(topic, "type.wrong", _other(other), field=f"expected a {expected} record"),
-        K(topic, "value.empty", lambda good, rng, codec: b"", field="0 bytes"),  # also a tombstone, as Log reads one
+        K(topic, "value.empty", lambda good, rng, codec: b"", field="0 bytes"),  # on Kafka it goes as a tombstone
     ]
 
 
