@@ -31,6 +31,7 @@ WHOLE_SYSTEM = ["astraflow", "examples/math"]
 
 DEPENDS: dict[str, list[str]] = {
     "agentic.json": ["benchmarks/agentic.py", "examples", "astraflow"],
+    "agentic_kills.json": ["benchmarks/agentic.py", "examples/rooms", "astraflow"],
     "backends.json": ["benchmarks/backends.py", *WHOLE_SYSTEM],
     "chaos.json": ["benchmarks/chaos.py", *WHOLE_SYSTEM],
     "crashpoints.json": ["benchmarks/crashpoints.py", *WHOLE_SYSTEM],
