@@ -294,7 +294,9 @@ class Codec:
     def writer_of(self, data: bytes) -> WriterSchema:
         """The writer schema named by the header of ``data`` (``UnknownSchemaError`` if unknown)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):  # None: a Kafka record without a value
-            got = "a tombstone (0 bytes), no record" if data is None else f"expected bytes to decode, got {type(data).__name__}"
+            got = f"expected bytes to decode, got {type(data).__name__}"
+            if data is None:
+                got = "a tombstone (0 bytes), no record"
             raise SchemaError(f"value: {got}")
         if len(data) < HEADER_SIZE or data[:2] != MAGIC:
             truncated = f": a fingerprint of {len(data) - 2} of 8 bytes" if data[:2] == MAGIC else ""
