@@ -151,7 +151,7 @@ class RolloutProducer:
                 batch = batches.poll(cfg.rollout.prompts_per_generation, timeout=0.5)
                 tasks = self._runnable(batch)
                 if journal is not None:
-                    journal.begin(batches, batch, {task.task_id: batch.partition_of(outbox) for task, outbox in tasks})
+                    journal.begin(batches, batch, {task.task_id: partition for task, partition in tasks})
                 if tasks and not self._await_versions([task for task, _ in tasks], followers, stop):
                     # stopped before the engines held the versions the tasks wait for: samples of an
                     # older version would be stale, and lockstep replaces no stale group, so the
@@ -159,7 +159,7 @@ class RolloutProducer:
                     logger.info("stopped while waiting for weights; %d tasks handed back", len(batch.messages))
                     break
                 if tasks:
-                    self._produce(tasks, followers)
+                    self._produce(tasks, batch, followers)
                     if journal is not None:  # the recorded episodes' tombstones go with their trajectories
                         journal.tombstones(batch, [task for task, _ in tasks])
                 if batch.messages:
@@ -178,19 +178,18 @@ class RolloutProducer:
             sum(self.trajectories.values()),
         )
 
-    def _runnable(self, batch: TaskBatch) -> list[tuple[RolloutTask, Outbox]]:
-        """The batch's tasks that can be run, each with the outbox of its partition; the others are
-        dead-lettered into that outbox (step 3)."""
+    def _runnable(self, batch: TaskBatch) -> list[tuple[RolloutTask, int]]:
+        """The batch's tasks that can be run, each with its tasks partition; the others are dead-lettered
+        into the outbox of theirs (step 3)."""
         tasks = []
         for message in batch.messages:
-            outbox = batch.outbox(message)
             task, reason, error = runnable_task(
                 self.ctx.codec, message.value, self.engines, self.ctx.config.rollout.group_size
             )
             if task is None:
-                outbox.dead_letter(message, reason, error)
+                batch.outbox(message).dead_letter(message, reason, error)
             else:
-                tasks.append((task, outbox))
+                tasks.append((task, message.partition))
         return tasks
 
     def _await_versions(
@@ -253,13 +252,15 @@ class RolloutProducer:
                 outcomes.append(TaskOutcome(task, [], exc))
         return outcomes
 
-    def _produce(self, tasks: list[tuple[RolloutTask, Outbox]], followers: dict[str, WeightFollower]) -> None:
+    def _produce(
+        self, tasks: list[tuple[RolloutTask, int]], batch: TaskBatch, followers: dict[str, WeightFollower]
+    ) -> None:
         ctx = self.ctx
         started = time.perf_counter()
         rewards: dict[str, list[float]] = {policy: [] for policy in self.engines}
-        outboxes = {task.task_id: outbox for task, outbox in tasks}
+        partitions = {task.task_id: partition for task, partition in tasks}
         for outcome in self._run([task for task, _ in tasks]):
-            outbox = outboxes[outcome.task.task_id]
+            outbox = batch.partition_outbox(partitions[outcome.task.task_id])
             try:
                 sent = send_outcome(ctx, outcome, outbox)
             except Exception as exc:  # e.g. a trajectory the codec cannot encode: the task fails, not the producer

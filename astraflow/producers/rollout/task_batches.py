@@ -73,10 +73,6 @@ class TaskBatch:
         """Where the records made from ``message``'s task go: its partition's outbox."""
         return self.partition_outbox(message.partition)
 
-    def partition_of(self, outbox: Outbox) -> int:
-        """The tasks partition whose outbox ``outbox`` is."""
-        return next(partition for partition, held in self.outboxes.items() if held is outbox)
-
     def partition_outbox(self, partition: int) -> Outbox:
         """The outbox of the batch's tasks of ``partition``."""
         if partition not in self.outboxes:
