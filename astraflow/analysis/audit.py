@@ -201,7 +201,7 @@ def _audit_policy(
     letters: dict[tuple[str, int, int], DeadLetter],
     feedback: list[PromptStats],
     committed: dict[TopicPartition, int],
-    has_ledger: bool,
+    topics: set[str],
 ) -> PolicyAudit:
     result = PolicyAudit(policy)
     trajectories = f"{run.name}.trajectories.{policy}"
@@ -226,7 +226,7 @@ def _audit_policy(
     samples_topic, ledger = f"{run.name}.samples.{policy}", f"{run.name}.ledger.{policy}"
     samples = [(m, s) for m, s in decode_snapshot(run.log, samples_topic) if isinstance(s, TrainSample)]
     of_sample = {sample.sample_id: sample for _, sample in samples}  # others: dead-lettered by the trainer
-    entries = [e for _, e in decode_snapshot(run.log, ledger) if isinstance(e, LedgerEntry)] if has_ledger else []
+    entries = [e for _, e in decode_snapshot(run.log, ledger) if isinstance(e, LedgerEntry)] if ledger in topics else []
     head, live = live_lineage(entries)
     result.epochs = len({entry.epoch for entry in entries})
     result.lost_versions = len(entries) - len(live)
@@ -293,15 +293,14 @@ def _audit_policy(
     result.pending = dict(counts["pending"].most_common())
     result.episodes_resumed = len(resumed)
     result.episodes_finished_twice = sorted(item for item, places in items.items() if len(places) > 1)
-    result.episodes_unfinished = unfinished_episodes(run, policy)
+    journal = f"{run.name}.episodes.{policy}"
+    result.episodes_unfinished = unfinished_episodes(run, journal) if journal in topics else 0
     return result
 
 
-def unfinished_episodes(run: AttachedRun, policy: str) -> int:
-    """Episodes whose newest record on the journal holds turns, not a tombstone (``episode_journal.py``)."""
-    topic = f"{run.name}.episodes.{policy}"
-    if topic not in set(run.run_topics()):
-        return 0
+def unfinished_episodes(run: AttachedRun, topic: str) -> int:
+    """Episodes whose newest record on the journal ``topic`` holds turns, not a tombstone
+    (``producers/rollout/episode_journal.py``)."""
     newest: dict[bytes | None, bool] = {}
     for message in read_snapshot(run.log, topic):
         newest[message.key] = bool(message.value)
@@ -331,7 +330,7 @@ def audit_run(run: AttachedRun) -> AuditReport:
         committed.update(groups.get(f"{run.name}.stream.{policy}", {}))
     return AuditReport(
         run.name,
-        [_audit_policy(run, p, letters, feedback, committed, f"{run.name}.ledger.{p}" in topics) for p in policies],
+        [_audit_policy(run, p, letters, feedback, committed, topics) for p in policies],
         dict(tasks.most_common()),
         control.forged,
     )
