@@ -55,16 +55,20 @@ def warmed_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory template holding ``base/``, the warmed-up checkpoint."""
     with made_once(tmp_path_factory, "warm") as (run_dir, made):
         if not made:
-            config = write_config(run_dir / "config.yaml")
-            result = subprocess.run(
-                [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)],
-                capture_output=True,
-                text=True,
-                timeout=1700,
-            )
-            assert result.returncode == 0, result.stderr[-3000:]
+            warm_up(write_config(run_dir / "config.yaml"), run_dir, timeout=1700)
     assert (run_dir / "base" / "config.json").is_file()
     return run_dir
+
+
+def warm_up(config: Path, run_dir: Path, timeout: float) -> None:
+    """``astraflow warmup`` of ``config`` into ``run_dir/base`` (a real subprocess), which must succeed."""
+    result = subprocess.run(
+        [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.fixture

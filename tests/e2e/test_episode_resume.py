@@ -28,7 +28,7 @@ from astraflow.log import TopicPartition
 from astraflow.runtime.attach import decode_snapshot, open_run
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric, Trajectory
-from tests.e2e.conftest import ASTRAFLOW, made_once, stop_processes
+from tests.e2e.conftest import ASTRAFLOW, made_once, stop_processes, warm_up
 from tests.e2e.test_agentic import example_config
 from tests.e2e.test_elastic import wait_until
 
@@ -50,14 +50,7 @@ def rooms_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory template holding the quick rooms base checkpoint."""
     with made_once(tmp_path_factory, "rooms-quick") as (run_dir, made):
         if not made:
-            config = example_config("rooms", run_dir / "config.yaml", **QUICK)
-            warmed = subprocess.run(
-                [str(ASTRAFLOW), "warmup", str(config), "--run-dir", str(run_dir)],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            assert warmed.returncode == 0, warmed.stderr[-3000:]
+            warm_up(example_config("rooms", run_dir / "config.yaml", **QUICK), run_dir, timeout=600)
     return run_dir
 
 
