@@ -2,10 +2,16 @@
 
 librdkafka tracks a partition's position only once a record of it has been returned, and it
 refuses ``seek`` on a partition whose fetcher has not started yet. So this class keeps its own
-``_positions`` (set by seeks and by every returned record) and seeks in three ways:
+``_positions`` (set by seeks and by every returned record) and seeks in four ways:
 
-- partition fetching: librdkafka ``seek``;
-- partition assigned but not fetching yet: re-assign it with the offset;
+- ``assign`` hands librdkafka nothing until the next ``poll``, which assigns every partition at the
+  offset a seek gave it meanwhile: a partition assigned at a logical offset (the beginning, the
+  group's offset) and sought at once could go on from the logical one, its lookup landing after
+  the seek (librdkafka issue 2256: a late follower of a weights topic read every chunk from offset
+  0 now and then), and assigning at the offset is the fix librdkafka's authors give;
+- partition fetching from a real offset: librdkafka ``seek``;
+- partition assigned but not fetching yet, or still looking up its logical offset: re-assign it
+  with the offset;
 - subscribe mode, partition not assigned yet: remember the seek and apply it in ``_on_assign``
   when the group hands the partition over (a whole-assignment seek such as
   ``seek_to_beginning()`` before the first assignment applies to that first assignment).
@@ -63,6 +69,10 @@ class KafkaConsumer(Consumer):
         self._subscribed = False
         self._positions: dict[TopicPartition, int] = {}
         self._pending: dict[TopicPartition, int] = {}
+        self._unstarted: list[TopicPartition] | None = None
+        """The partitions of an ``assign`` not yet handed to librdkafka (at the next ``poll``)."""
+        self._logical: set[TopicPartition] = set()
+        """Partitions handed to librdkafka at a logical offset that have returned no record yet."""
         self._pending_all: Resolver | None = None
         self._closed = False
 
@@ -82,12 +92,27 @@ class KafkaConsumer(Consumer):
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         self._subscribed = False
         self._positions.clear()
-        self._consumer.assign([RdPartition(tp.topic, tp.partition, self._start) for tp in partitions])
+        self._logical.clear()
+        self._unstarted = list(dict.fromkeys(partitions)) or None
+        if self._unstarted is None:
+            self._consumer.assign([])  # nothing to read: stop fetching the old assignment now
 
     def assignment(self) -> list[TopicPartition]:
-        return sorted((_ours(rd) for rd in self._consumer.assignment()), key=lambda tp: (tp.topic, tp.partition))
+        held = self._unstarted if self._unstarted is not None else [_ours(rd) for rd in self._consumer.assignment()]
+        return sorted(held, key=lambda tp: (tp.topic, tp.partition))
+
+    def _start_assigned(self) -> None:
+        """Hand librdkafka the partitions of the last ``assign``, each at the offset sought since."""
+        partitions, self._unstarted = self._unstarted, None
+        if partitions is None:
+            return
+        self._logical.update(tp for tp in partitions if tp not in self._positions)
+        self._consumer.assign(
+            [RdPartition(tp.topic, tp.partition, self._positions.get(tp, self._start)) for tp in partitions]
+        )
 
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
+        self._start_assigned()
         first = self._consumer.poll(timeout)
         if first is None:
             return []
@@ -116,16 +141,10 @@ class KafkaConsumer(Consumer):
                     headers,
                 )
             )
-            self._positions[TopicPartition(msg.topic(), msg.partition())] = msg.offset() + 1
+            tp = TopicPartition(msg.topic(), msg.partition())
+            self._positions[tp] = msg.offset() + 1
+            self._logical.discard(tp)
         return messages
-
-    def _assign_at(self, partition: TopicPartition, offset: int) -> None:
-        # assigned at ``offset`` at once: the default's assign-then-seek restarts a partition whose fetcher has
-        # not started (``_reassign_at``) and cost ~0.5 s a range where this costs a few milliseconds
-        self._subscribed = False
-        self._positions.clear()
-        self._consumer.assign([RdPartition(partition.topic, partition.partition, offset)])
-        self._positions[partition] = offset
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         if not self._has_group:
@@ -149,7 +168,10 @@ class KafkaConsumer(Consumer):
         return {_ours(rd): (rd.offset if rd.offset >= 0 else None) for rd in found}
 
     def position(self, partition: TopicPartition) -> int:
-        current = self._consumer.position([RdPartition(partition.topic, partition.partition)])[0].offset
+        unstarted = self._unstarted is not None and partition in self._unstarted
+        current = (
+            -1 if unstarted else self._consumer.position([RdPartition(partition.topic, partition.partition)])[0].offset
+        )
         if partition in self._positions:
             # librdkafka's position also moves past the transaction markers no record stands for
             # (topics written in transactions, e.g. by the faust stream runtime), without which a
@@ -172,14 +194,22 @@ class KafkaConsumer(Consumer):
                 raise LogError(f"seek on {partition.topic}[{partition.partition}], which is not assigned")
             self._pending[partition] = offset
             return
-        rd = RdPartition(partition.topic, partition.partition, offset)
+        if self._unstarted is None:
+            self._seek_started(partition, offset)
+        self._positions[partition] = offset
+
+    def _seek_started(self, partition: TopicPartition, offset: int) -> None:
+        """Seek a partition librdkafka holds (re-assigned while its logical offset may still be looked up)."""
+        if partition in self._logical:
+            self._logical.discard(partition)
+            self._reassign_at(partition, offset)
+            return
         try:
-            self._consumer.seek(rd)
+            self._consumer.seek(RdPartition(partition.topic, partition.partition, offset))
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._STATE:
                 raise LogError(f"seek failed: {exc.args[0].str()}") from exc
             self._reassign_at(partition, offset)
-        self._positions[partition] = offset
 
     def seek_to_beginning(self, partitions: Sequence[TopicPartition] | None = None) -> None:
         self._seek_each(partitions, lambda tp: self._watermarks(tp)[0])
@@ -233,6 +263,8 @@ class KafkaConsumer(Consumer):
             if offset is not None:
                 rd.offset = offset
                 self._positions[tp] = offset
+            elif rd.offset < 0:
+                self._logical.add(tp)
         logger.debug("assigned %s", [(rd.topic, rd.partition, rd.offset) for rd in assigned])
         consumer.assign(assigned)
 
