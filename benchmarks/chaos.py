@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
+from astraflow.core.ports import free_port
 from provenance import begin, finish
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,28 +259,6 @@ def plot(setups: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def three_free_ports() -> int:
-    """The first of three consecutive free ports on 127.0.0.1 (a cluster's client ports)."""
-    from astraflow.infra.broker.local import free_port
-
-    for _ in range(100):
-        first = free_port()
-        if all(_free(first + n) for n in (1, 2)):
-            return first
-    raise RuntimeError("no three consecutive free ports found")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def run_setup(setup: str, work: Path, args: argparse.Namespace) -> dict:
     """The clean run and the fault run of ``setup``; on Kafka each on a fresh three-node cluster."""
     from astraflow.chaos.faults import schedule
@@ -298,7 +277,7 @@ def run_setup(setup: str, work: Path, args: argparse.Namespace) -> dict:
         cluster = None
         if kafka:
             cluster = LocalKafkaCluster(
-                work / setup / f"cluster-{name}", 3, three_free_ports(), jar_cache=default_home()
+                work / setup / f"cluster-{name}", 3, free_port(span=3), jar_cache=default_home()
             )
             cluster.start(timeout=180)
         try:

@@ -346,21 +346,12 @@ def compose_layout() -> dict:
     }
 
 
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports on 127.0.0.1 (a cluster's client ports)."""
-    from astraflow.infra.broker.host import free_port, port_free
-
-    while True:
-        first = free_port()
-        if first + count < 65536 and all(port_free(first + n) for n in range(count)):
-            return first
-
-
 def start_cluster(home: Path, nodes: int, secure: bool):
     """A fresh local cluster of ``nodes`` nodes: (bootstrap, log.security or None, stop)."""
+    from astraflow.core.ports import free_port
     from astraflow.infra.broker.local import default_home
 
-    port = free_ports(nodes)
+    port = free_port(span=nodes)
     if not secure:
         from astraflow.infra.broker.cluster import LocalKafkaCluster
 

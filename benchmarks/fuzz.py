@@ -354,7 +354,7 @@ def main() -> None:
         for backend in args.backends.split(","):
             broker, bootstrap = None, None
             if backend == "kafka":
-                from astraflow.infra.broker.host import free_port
+                from astraflow.core.ports import free_port
                 from astraflow.infra.broker.local import LocalKafkaBroker, default_home
 
                 broker = LocalKafkaBroker(Path(tmp) / "broker", port=free_port(), jar_cache=default_home())

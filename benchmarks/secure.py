@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from astraflow.config import write_config_over
-from astraflow.infra.broker.host import free_port
+from astraflow.core.ports import free_port
 from astraflow.infra.broker.local import default_home
 from provenance import begin, finish
 
@@ -38,17 +38,8 @@ ASTRAFLOW = Path(sys.executable).with_name("astraflow")
 RUNTIMES = ("faust", "native")
 
 
-def free_ports(count: int) -> int:
-    from astraflow.infra.broker.host import port_free
-
-    while True:
-        first = free_port()
-        if first + count < 65536 and all(port_free(first + n) for n in range(count)):
-            return first
-
-
 def start_broker(home: Path, nodes: int, secure: bool) -> str:
-    port = free_ports(nodes)
+    port = free_port(span=nodes)
     command = [str(ASTRAFLOW), "broker", "start", "--home", str(home), "--port", str(port)]
     command += ["--jars", str(default_home()), "--timeout", "180"]
     command += ["--secure"] if secure else []

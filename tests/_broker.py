@@ -56,7 +56,7 @@ def unavailable(reason: str, cause: BaseException | None = None) -> NoReturn:
 
 @contextlib.contextmanager
 def _local_broker(tmp_dir: Path) -> Iterator[str]:
-    from astraflow.infra.broker.host import free_port
+    from astraflow.core.ports import free_port
     from astraflow.infra.broker.local import LocalKafkaBroker, default_home
 
     broker = LocalKafkaBroker(tmp_dir / "broker", port=free_port(), jar_cache=default_home())

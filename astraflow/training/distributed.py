@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from astraflow.core.ports import free_port
+
 if TYPE_CHECKING:
     import torch
 
@@ -111,9 +113,7 @@ def init_group(ranks: Ranks) -> None:
     if not launched():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+            os.environ["MASTER_PORT"] = str(free_port())
         for name, value in {"RANK": ranks.rank, "WORLD_SIZE": ranks.world_size, "LOCAL_RANK": ranks.local_rank}.items():
             os.environ.setdefault(name, str(value))
     backend = group_backend()

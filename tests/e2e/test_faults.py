@@ -21,7 +21,7 @@ import pytest
 
 from astraflow.chaos.faults import KINDS, FaultInjector, schedule
 from astraflow.infra.launch.monitor import gain_over_base
-from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
+from tests.e2e.conftest import ASTRAFLOW, run_audit, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -63,11 +63,9 @@ def fault_run(run_dir: Path, name: str, plan: list[str], *extra: str, broker=Non
     finally:
         stop_processes([launcher])
     assert launcher.returncode == 0, (run_dir / "launcher.out").read_text()[-3000:]
-    audit = subprocess.run(
-        [str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300
-    )
-    assert audit.stdout, audit.stderr[-3000:]
-    return json.loads((run_dir / "summary.json").read_text()), json.loads(audit.stdout), injector
+    audited = run_audit(run_dir)
+    assert audited.stdout, audited.stderr[-3000:]
+    return json.loads((run_dir / "summary.json").read_text()), json.loads(audited.stdout), injector
 
 
 def check(summary: dict, audit: dict, injector: FaultInjector) -> None:

@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from astraflow.core.errors import BrokerError
+from astraflow.core.ports import free_port
 from astraflow.infra.broker.cluster import LocalKafkaCluster
-from astraflow.infra.broker.host import free_port
 from astraflow.log.base import TopicPartition, TopicSpec
 from astraflow.log.kafka.log import KafkaLog
 from astraflow.runtime.topics import RunTopics
@@ -29,17 +29,6 @@ from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (th
 pytestmark = pytest.mark.kafka
 
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
-
-
-def three_free_ports() -> int:
-    """A port p with p, p + 1 and p + 2 free on 127.0.0.1."""
-    from astraflow.infra.broker.host import port_free
-
-    for _ in range(50):
-        first = free_port()
-        if first + 2 < 65536 and all(port_free(first + n) for n in range(3)):
-            return first
-    raise AssertionError("no three consecutive free ports")
 
 
 def broker_cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
@@ -61,7 +50,7 @@ def read_all(log: KafkaLog, topic: str, count: int) -> list[bytes]:
 
 
 def test_three_nodes_keep_every_acknowledged_record_when_one_dies(jar_cache: Path, tmp_path: Path) -> None:  # noqa: F811
-    home, port = tmp_path / "cluster", three_free_ports()
+    home, port = tmp_path / "cluster", free_port(span=3)
     started = subprocess.run(
         [str(ASTRAFLOW), "broker", "start", "--nodes", "3", "--port", str(port), "--home", str(home)]
         + ["--jars", str(jar_cache), "--timeout", "180"],

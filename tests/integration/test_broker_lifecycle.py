@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.core.errors import BrokerError
-from astraflow.infra.broker.host import free_port
+from astraflow.core.ports import free_port
 from astraflow.infra.broker.local import LocalKafkaBroker, default_home
 from astraflow.log.base import TopicPartition, TopicSpec
 from astraflow.log.kafka.log import KafkaLog

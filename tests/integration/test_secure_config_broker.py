@@ -24,9 +24,10 @@ import pytest
 from astraflow.config.log import load_security
 from astraflow.config.run import write_config_over
 from astraflow.core.errors import DeliveryError, LogError
+from astraflow.core.ports import free_port
 from astraflow.infra.broker import host
 from astraflow.infra.broker.container import ADMIN_CLIENT, FORMAT_ARGS, LOG_SECURITY, PROPERTIES
-from astraflow.infra.broker.host import free_port, new_cluster_id
+from astraflow.infra.broker.host import new_cluster_id
 from astraflow.infra.broker.jars import KAFKA_VERSION
 from astraflow.log import open_log
 from astraflow.runtime.topics import RunTopics

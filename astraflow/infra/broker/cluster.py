@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from astraflow.core.errors import BrokerError
-from astraflow.infra.broker.host import free_port, new_cluster_id
+from astraflow.core.ports import free_port
+from astraflow.infra.broker.host import new_cluster_id
 from astraflow.infra.broker.jars import KAFKA_VERSION
 from astraflow.infra.broker.local import DEFAULT_PORT, LocalKafkaBroker
 from astraflow.infra.broker.secure import SecurityFiles
@@ -66,7 +67,11 @@ class LocalKafkaCluster:
             raise BrokerError("a cluster needs at least 2 nodes; one node is `astraflow broker start` without --nodes")
         first = port or saved.get("port") or DEFAULT_PORT
         controllers = {int(n): p for n, p in saved.get("controller_ports", {}).items()}
-        controllers = controllers or {n: free_port() for n in range(1, count + 1)}
+        if not controllers:  # distinct, and none of the client ports
+            taken = set(range(first, first + count))
+            for n in range(1, count + 1):
+                controllers[n] = free_port(avoid=taken)
+                taken.add(controllers[n])
         self.cluster_id: str = saved.get("cluster_id") or new_cluster_id()
         self.meta = {"cluster_id": self.cluster_id, "nodes": count, "port": first, "controller_ports": controllers}
         if secure and saved and not saved.get("secure"):
@@ -75,7 +80,11 @@ class LocalKafkaCluster:
         self.security = SecurityFiles(self.home / "security").make() if secure else None
         internal = {int(n): p for n, p in saved.get("internal_ports", {}).items()}
         if secure:
-            internal = internal or {n: free_port() for n in range(1, count + 1)}
+            if not internal:
+                taken = set(range(first, first + count)) | set(controllers.values())
+                for n in range(1, count + 1):
+                    internal[n] = free_port(avoid=taken)
+                    taken.add(internal[n])
             self.meta.update({"secure": True, "internal_ports": internal})
         self.nodes = [
             LocalKafkaBroker(

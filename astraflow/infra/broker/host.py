@@ -1,7 +1,7 @@
-"""What a local broker needs of the host: free ports, Java, and its JVM process found by pid.
+"""What a local broker needs of the host: Java, a cluster id, and its JVM process found by pid.
 
-``local.py`` starts and stops the broker with these; ``cluster.py`` picks its nodes' ports and
-cluster id with them.
+``local.py`` starts and stops the broker with these; ``cluster.py`` picks its nodes' cluster id
+with them. Free ports are ``astraflow.core.ports``'.
 """
 
 from __future__ import annotations
@@ -16,13 +16,6 @@ import uuid
 from pathlib import Path
 
 from astraflow.core.errors import BrokerError
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def new_cluster_id() -> str:
@@ -46,17 +39,6 @@ def java() -> str:
     if found is None:
         raise BrokerError("Java ('java') is not on PATH; Kafka needs Java 17 or newer")
     return found
-
-
-def port_free(port: int) -> bool:
-    """True when nothing listens on 127.0.0.1:port (bound like the JVM does, with SO_REUSEADDR)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def listening(port: int) -> bool:

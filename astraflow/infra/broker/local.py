@@ -35,16 +35,9 @@ from importlib import resources
 from pathlib import Path
 
 from astraflow.core.errors import BrokerError
+from astraflow.core.ports import free_port, port_free
 from astraflow.infra.broker import host
-from astraflow.infra.broker.host import (
-    free_port,
-    is_kafka_process,
-    listening,
-    new_cluster_id,
-    port_free,
-    tail,
-    wait_exit,
-)
+from astraflow.infra.broker.host import is_kafka_process, listening, new_cluster_id, tail, wait_exit
 from astraflow.infra.broker.jars import KAFKA_VERSION, fetch_jars
 from astraflow.infra.broker.secure import NodeAddress, SecurityFiles
 from astraflow.infra.broker.settings import node_settings, properties_text
@@ -102,7 +95,7 @@ class LocalKafkaBroker:
         self.libs_dir = Path(jar_cache or self.home).expanduser().resolve() / f"libs-{version}"
         saved = self._read_meta()
         self.port = port or saved.get("port") or DEFAULT_PORT
-        self.controller_port = controller_port or saved.get("controller_port") or free_port()
+        self.controller_port = controller_port or saved.get("controller_port") or free_port(avoid={self.port})
         self._cluster_id: str = cluster_id or saved.get("cluster_id") or new_cluster_id()
         self.node_id = node_id
         self.voters = voters or {node_id: self.controller_port}
@@ -113,7 +106,8 @@ class LocalKafkaBroker:
             security = SecurityFiles(self.home / "security")  # a secure home stays secure
         self.security = security
         """The secure profile's files (``secure.py``): SASL_SSL clients, TLS between nodes, ACLs."""
-        self.internal_port = (internal_port or saved.get("internal_port") or free_port()) if security else None
+        internal_port = internal_port or saved.get("internal_port")
+        self.internal_port = (internal_port or free_port(avoid={self.port, self.controller_port})) if security else None
         self._started = 0.0
 
     @property
