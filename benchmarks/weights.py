@@ -33,6 +33,13 @@ takes ``--steps`` AdamW steps (lr 1e-6) on real gradients of small random-token 
    ``streamed``: tensors encoded on every core while the chunks before them go out, and the follower
    writes them into its shadow as they arrive. ``follower_shadow_bytes`` is the shadow's memory (one
    more copy of the weights in the transfer dtype), ``follower_applied_ahead`` the versions it took so.
+   A coder named with ``-plain`` (``streamed-plain``, ``serial-plain``) publishes without entropy coding
+   (``weights.entropy_coding: false``), so its cost and gain are measured side by side; one with
+   ``-numpy`` (``streamed-numpy``) casts and finds the changes with numpy's three passes instead of the
+   C kernel (``weights.compiled_encode: false``).
+4. Entropy coding: every delta is also encoded the other way, outside the timed path, so each version's
+   size is known with entropy coding (``delta_bytes``, the default) and without (``plain_delta_bytes``)
+   whichever coder published it.
 
 Writes ``benchmarks/results/weights.json`` (with its provenance: ``provenance.py``) and ``.png``.
 
@@ -78,6 +85,8 @@ SMALL = dict(
 )
 TARGET_BOUND_FRACTION = 0.8
 TARGET_COPY_FRACTION = 0.3
+TARGET_FIRST_DELTA_BYTES = 25 * 2**20
+TARGET_P50_MS = 500.0
 COPY_BYTES = 256 * 2**20
 
 
@@ -243,7 +252,12 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
         topics.ensure(log, partitions=1)
         topic = topics.weights("main")
         coders = {
-            name: WeightsConfig(full_sync_interval=args.steps + 1, encode_workers=0 if name == "serial" else None)
+            name: WeightsConfig(
+                full_sync_interval=args.steps + 1,
+                encode_workers=0 if name.startswith("serial") else None,
+                entropy_coding="-plain" not in name,
+                compiled_encode="-numpy" not in name,
+            )
             for name in args.coders
         }
         config = coders[args.coders[0]]
@@ -282,6 +296,11 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                 check_s = time.perf_counter() - t2
                 layout = spec_layout(manifest.tensors)
                 bits = difference_entropy(old, new) if old is not None else None
+                entropy = publisher.config.entropy_coding
+                other = (
+                    len(build_payload(new, old, entropy=not entropy).buffer) if old is not None else stats.total_bytes
+                )
+                coded_bytes, plain_bytes = (stats.total_bytes, other) if entropy else (other, stats.total_bytes)
                 exact_replay = True
                 if old is not None:
                     take_s = min(take_s, replay_apply(plan, old, new, args.repeats - 1))
@@ -307,7 +326,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                         "version": version,
                         "encoding": stats.encoding,
                         "loss": loss,
-                        "bytes": stats.total_bytes,
+                        "bytes": coded_bytes,
+                        "plain_bytes": plain_bytes,
+                        "published_bytes": stats.total_bytes,
                         "elements": stats.elements,
                         "changed": stats.changed,
                         "changes": stats.changes,
@@ -367,6 +388,8 @@ def summarize(measured: dict) -> dict:
                 "exact": row["exact"],
                 "changed_fraction": k / n,
                 "delta_bytes": row["bytes"],
+                "plain_delta_bytes": row["plain_bytes"],
+                "coder": row["coder"],
                 "full_bytes": full_bytes,
                 "ratio": ratio,
                 "delta_bits_per_change": row["bytes"] * 8 / k,
@@ -421,6 +444,10 @@ def summarize(measured: dict) -> dict:
         "steps": steps,
         "targets": {
             "delta_within_80pct_of_entropy_bound": first["fraction_of_bound"]["global"] >= TARGET_BOUND_FRACTION,
+            "delta_within_80pct_of_difference_bound": first["fraction_of_bound"]["with_differences"]
+            >= TARGET_BOUND_FRACTION,
+            "first_delta_at_most_25MiB": first["delta_bytes"] <= TARGET_FIRST_DELTA_BYTES,
+            "publish_to_applied_p50_at_most_500ms": min(e["p50_ms"] for e in end_to_end.values()) <= TARGET_P50_MS,
             "publish_plus_apply_30pct_of_copy": first["publish_plus_apply_of_copy"] >= TARGET_COPY_FRACTION,
             "all_exact": all(row["exact"] for row in measured["rows"]),
         },
@@ -442,11 +469,12 @@ def plot(path: Path, summary: dict, caption: str) -> None:
         ("uint32 idx + values", [s["reference_bytes"]["uint32_indices_values"] for s in steps]),
         ("bitmap + values", [s["reference_bytes"]["bitmap_values"] for s in steps]),
         ("entropy bound, 16-bit values", [s["entropy_bound_bytes"]["global"] for s in steps]),
+        ("our delta, no entropy coding", [s["plain_delta_bytes"] for s in steps]),
         ("our delta", [s["delta_bytes"] for s in steps]),
         ("entropy bound, value differences", [s["entropy_bound_bytes"]["with_differences"] for s in steps]),
     ]
     for i, (name, values) in enumerate(series):
-        bars = sizes.bar(x + (i - 2) * 0.16, [v / mib for v in values], 0.16, label=name)
+        bars = sizes.bar(x + (i - 2.5) * 0.14, [v / mib for v in values], 0.14, label=name)
         if name == "our delta":
             sizes.bar_label(bars, [f"{s['ratio']:.1f}x" for s in steps], fontsize=8)
     sizes.axhline(summary["full_version"]["bytes"] / mib, color="grey", ls="--", label="full bf16 version")
@@ -498,7 +526,8 @@ def main() -> None:
         default=["streamed", "serial"],
         help="publish paths, taking turns by version from the first (which publishes the full version 0): serial "
         "(encode all, then send: weights.encode_workers 0) "
-        "and streamed (encoded on every core while chunks go out; the follower applies them to its shadow)",
+        "and streamed (encoded on every core while chunks go out; the follower applies them to its shadow); "
+        "either with -plain: without entropy coding, with -numpy: without the C kernel (weights.compiled_encode)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each publish and apply stage; the best counts")
     parser.add_argument("--out", type=Path, default=RESULTS / "weights")

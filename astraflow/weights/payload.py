@@ -116,8 +116,11 @@ def tie_key(tensor: torch.Tensor) -> tuple:
     )
 
 
-def build_payload(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor] | None) -> Payload:
-    """Encode ``state`` (transfer dtype, ``to_transfer``) as a delta against ``base``, or full when ``None``."""
+def build_payload(
+    state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor] | None, entropy: bool = True
+) -> Payload:
+    """Encode ``state`` (transfer dtype, ``to_transfer``) as a delta against ``base``, or full when ``None``;
+    ``entropy``: Huffman-code long streams (``delta.encode_bits``)."""
     specs: list[TensorSpec] = []
     sections: list[tuple[int, tuple[np.ndarray, ...]]] = []
     changes: list[tuple[str, int, int]] = []
@@ -130,7 +133,7 @@ def build_payload(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Te
             specs.append(replace(twin, name=name))
             continue
         usable = old is not None and old.dtype == tensor.dtype and old.shape == tensor.shape
-        encoded = encode_bits(tensor_bits(tensor), tensor_bits(old) if usable else None)
+        encoded = encode_bits(tensor_bits(tensor), tensor_bits(old) if usable else None, entropy)
         spec = TensorSpec(name, dtype_name(tensor.dtype), list(tensor.shape), offset, encoded.nbytes, encoded.encoding)
         written[(id(tensor), id(old))] = spec
         specs.append(spec)

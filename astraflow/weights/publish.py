@@ -152,6 +152,8 @@ class WeightPublisher:
                 self._spare,
                 self.config.chunk_bytes,
                 workers,
+                self.config.entropy_coding,
+                self.config.compiled_encode,
             )
             transfer, changes = sent.transfer, sent.changes
             encoded = started + sent.encode_seconds
@@ -170,7 +172,7 @@ class WeightPublisher:
             from astraflow.weights.payload import build_payload, to_transfer
 
             transfer = to_transfer(state, self.config.transfer_dtype, reuse=self._spare)
-            payload = build_payload(transfer, base.state if base else None)
+            payload = build_payload(transfer, base.state if base else None, self.config.entropy_coding)
             changes = payload.changes
             encoded = time.perf_counter()
             manifest = send_version(

@@ -42,6 +42,7 @@ from astraflow.runtime.context import now_ms
 from astraflow.runtime.topics import WEIGHTS_CHUNK_PARTITION
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import TensorSpec, WeightChunk
+from astraflow.weights import kernel
 from astraflow.weights.delta import EncodedTensor, encode_bits, pad8
 from astraflow.weights.payload import TRANSFER_DTYPES, dtype_name, tensor_bits, tie_key
 
@@ -77,9 +78,13 @@ def stream_chunks(
     reuse: Mapping[str, torch.Tensor] | None,
     chunk_bytes: int,
     workers: int,
+    entropy: bool = True,
+    compiled: bool = True,
 ) -> StreamedChunks:
     """Encode ``state`` against ``base`` (full when ``None``) on ``workers`` threads and send its chunks
-    as they fill (steps 1-3 above); ``reuse``: an earlier copy to overwrite (``to_transfer``)."""
+    as they fill (steps 1-3 above); ``reuse``: an earlier copy to overwrite (``to_transfer``); ``entropy``:
+    Huffman-code long streams (``delta.encode_bits``); ``compiled``: cast float32 to bf16 and find the
+    changes in one pass of the C kernel (``kernel.py``) where it can."""
     started = time.perf_counter()
     publish_id = secrets.token_hex(16)
     key = f"{outline.policy}:{outline.version}".encode()
@@ -107,7 +112,8 @@ def stream_chunks(
     offset = 0
     with ThreadPoolExecutor(workers, thread_name_prefix="weights-encode") as pool:
         window: deque[tuple[str, Future[Job] | str]] = deque()
-        jobs = _submit(pool, state, TRANSFER_DTYPES[transfer_dtype], base, reuse)
+        target = TRANSFER_DTYPES[transfer_dtype]
+        jobs = _submit(pool, state, target, base, reuse, entropy, compiled and kernel.library() is not None)
         for item in _ahead(jobs, window, 2 * workers):
             name, job = item
             if isinstance(job, str):  # tied to ``job`` here and in the base: stored once
@@ -156,6 +162,8 @@ def _submit(
     dtype: torch.dtype,
     base: Mapping[str, torch.Tensor] | None,
     reuse: Mapping[str, torch.Tensor] | None,
+    entropy: bool,
+    compiled: bool,
 ) -> Iterator[tuple[str, Future[Job] | str]]:
     """(name, its job) per tensor, submitted as pulled; a name tied to an earlier one here and in the
     base gets that name instead. Ties as in ``to_transfer`` (``tie_key``)."""
@@ -168,7 +176,7 @@ def _submit(
         source, twin, future = seen.get(key, (None, "", None))
         if source is not None and source() is not None:  # tied to ``twin``
             tied_in_base = base is None or old is base.get(twin)
-            yield name, twin if tied_in_base else pool.submit(_encode_tied, future, old)
+            yield name, twin if tied_in_base else pool.submit(_encode_tied, future, old, entropy)
             continue
         target = dtype if tensor.is_floating_point() else tensor.dtype
         dtype_name(target)  # an unsupported dtype fails before any chunk of it is sent
@@ -177,28 +185,43 @@ def _submit(
             spare = None
         else:
             taken.add(id(spare))
-        future = pool.submit(_copy_and_encode, tensor, target, spare, old)
+        fused = compiled and _fusable(tensor, target, old)
+        future = pool.submit(_cast_and_encode if fused else _copy_and_encode, tensor, target, spare, old, entropy)
         seen[key] = (weakref.ref(given), name, future)
         yield name, future
 
 
-def _copy_and_encode(tensor: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor | None, old) -> Job:
+def _copy_and_encode(tensor: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor | None, old, entropy: bool) -> Job:
     if spare is not None:
         copied = spare.copy_(tensor)
     else:
         copied = tensor.to(device="cpu", dtype=dtype, copy=True).contiguous()  # copy: never alias the model
-    return copied, _encode(copied, old)
+    return copied, _encode(copied, old, entropy)
 
 
-def _encode_tied(twin: Future[Job], old: torch.Tensor | None) -> Job:
+def _fusable(tensor: torch.Tensor, dtype: torch.dtype, old: torch.Tensor | None) -> bool:
+    """Whether the C kernel can cast ``tensor`` and compare it with ``old`` (float32 -> bf16, all on the CPU)."""
+    plain = tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.dtype == torch.float32
+    return plain and dtype == torch.bfloat16 and old is not None and old.dtype == dtype and old.shape == tensor.shape
+
+
+def _cast_and_encode(tensor: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor | None, old, entropy: bool) -> Job:
+    """``_copy_and_encode``'s copy and section, the same bytes, with the cast and the search for changes fused."""
+    copied = spare if spare is not None else torch.empty(tensor.shape, dtype=dtype)
+    bits, old_bits = tensor_bits(copied), tensor_bits(old.contiguous())
+    found = kernel.cast_and_find(tensor.reshape(-1).numpy(), old_bits, bits, bits.size // 8)
+    return copied, encode_bits(bits, old_bits, entropy, found)
+
+
+def _encode_tied(twin: Future[Job], old: torch.Tensor | None, entropy: bool) -> Job:
     """A tensor tied to an earlier one that its base does not tie: the same copy, its own section."""
     copied = twin.result()[0]
-    return copied, _encode(copied, old)
+    return copied, _encode(copied, old, entropy)
 
 
-def _encode(copied: torch.Tensor, old: torch.Tensor | None) -> EncodedTensor:
+def _encode(copied: torch.Tensor, old: torch.Tensor | None, entropy: bool) -> EncodedTensor:
     usable = old is not None and old.dtype == copied.dtype and old.shape == copied.shape
-    return encode_bits(tensor_bits(copied), tensor_bits(old) if usable else None)
+    return encode_bits(tensor_bits(copied), tensor_bits(old) if usable else None, entropy)
 
 
 class _Chunker:

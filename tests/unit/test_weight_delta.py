@@ -134,7 +134,7 @@ def test_each_encoding_is_chosen_and_round_trips(
 
     monkeypatch.setattr(delta, "SCAN_ELEMENTS", scan)
     new, base = changed_at(n, positions, by)
-    encoded = encode_bits(new, base)
+    encoded = encode_bits(new, base, entropy=False)  # the plain layouts; entropy coding below
     assert encoded.encoding == encoding and encoded.changed == len(positions)
     section = as_section(encoded)
     assert np.array_equal(decode(encoding, section, n, base), new)
@@ -183,11 +183,66 @@ def test_delta_is_no_bigger_than_any_single_form() -> None:
             assert encode_bits(new, base).nbytes <= min(2 * 200_000, 200_000 // 8 + 2 * k + 16, 4 * k + 2 * k + 16)
 
 
-def test_a_small_step_costs_about_twelve_bits_per_change() -> None:
+def test_a_small_step_costs_about_twelve_bits_per_change_and_eight_entropy_coded() -> None:
     rng = np.random.default_rng(0)
     positions = np.flatnonzero(rng.random(1_000_000) < 0.04)
     new, base = changed_at(1_000_000, positions, rng.choice([-1, 1], positions.size))
-    assert encode_bits(new, base).nbytes * 8 / positions.size < 13  # gap8 ~8.3 bits + 4-bit differences
+    plain, coded = encode_bits(new, base, entropy=False), encode_bits(new, base)
+    assert plain.encoding == "gap8+d4" and coded.encoding == "gap8+d4+z"
+    assert 12 < plain.nbytes * 8 / positions.size < 13  # gap8 ~8.3 bits + 4-bit differences
+    # the gaps' entropy (geometric at 4%: ~6.1 bits) + 1 bit of sign, Huffman coded: each within ~0.1 bit of it
+    assert coded.nbytes * 8 / positions.size < 8.2
+    assert np.array_equal(decode(coded.encoding, as_section(coded), new.size, base), new)
+
+
+ENTROPY_CASES = {
+    "gap8+d4+z": (np.arange(0, 400_000, 23), 400_000, 1),
+    "gap8+z": (np.arange(0, 400_000, 23), 400_000, np.resize(BIG_STEPS, 400_000 // 23 + 1)),
+    "gap16+d4+z": (np.arange(0, 4_000_000, 700), 4_000_000, -1),
+    "bitmap+d4+z": (np.flatnonzero(np.random.default_rng(1).random(400_000) < 0.3), 400_000, 1),
+}
+
+
+@pytest.mark.parametrize("encoding", list(ENTROPY_CASES))
+def test_entropy_coded_sections_are_smaller_and_round_trip_exactly(encoding: str) -> None:
+    positions, n, by = ENTROPY_CASES[encoding]
+    new, base = changed_at(n, positions, by)
+    plain, coded = encode_bits(new, base, entropy=False), encode_bits(new, base)
+    assert coded.encoding == encoding and plain.encoding == encoding.removesuffix("+z")
+    assert coded.nbytes < plain.nbytes and coded.changed == plain.changed == positions.size
+    section = as_section(coded)
+    assert np.array_equal(decode(encoding, section, n, base), new)
+    in_place = base.copy()
+    apply_section(parse_section(encoding, section, n, base.dtype), in_place)
+    assert np.array_equal(in_place, new)
+
+
+@pytest.mark.parametrize(
+    "problem", ["truncated stream", "garbage stream", "longer stream", "stream past the section", "values", "counts"]
+)
+def test_malformed_entropy_coded_sections_are_refused(problem: str) -> None:
+    positions, n, by = ENTROPY_CASES["gap8+d4+z"]
+    new, base = changed_at(n, positions, by)
+    encoded = encode_bits(new, base)
+    header, stream, nibbles, exceptions = encoded.parts
+    header = header.copy()
+    if problem == "truncated stream":
+        stream = stream[:-3]
+        header[3] = stream.size
+    if problem == "garbage stream":
+        stream = np.full(stream.size, 0xFF, dtype=np.uint8)
+    if problem == "longer stream":  # the words of another tensor: inflates past what the header implies
+        header[1] -= 1
+    if problem == "stream past the section":
+        header[3] += 1 << 20
+    if problem == "values":
+        exceptions = np.zeros(1, dtype=np.int16)
+    if problem == "counts":
+        header[0] = n + 1
+    parts = [header.view(np.uint8), stream, nibbles, exceptions.view(np.uint8)]
+    section = np.concatenate([np.pad(part, (0, -part.size % 8)) for part in parts[:-1]] + [parts[-1]])
+    with pytest.raises(WeightsError, match="malformed delta"):
+        decode("gap8+d4+z", section, n, base)
 
 
 @pytest.mark.parametrize(

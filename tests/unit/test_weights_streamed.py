@@ -79,15 +79,19 @@ class Identity:
 
 @pytest.mark.parametrize("how", ["random", "few", "signs", "specials"])
 @pytest.mark.parametrize("full", [True, False])
-@pytest.mark.parametrize("chunk_bytes, workers", [(1024, 3), (1 << 20, 1)])
-def test_streamed_payload_is_the_serial_one_byte_for_byte(how: str, full: bool, chunk_bytes: int, workers: int) -> None:
+@pytest.mark.parametrize("chunk_bytes, workers, compiled", [(1024, 3, True), (1 << 20, 1, True), (1024, 2, False)])
+def test_streamed_payload_is_the_serial_one_byte_for_byte(
+    how: str, full: bool, chunk_bytes: int, workers: int, compiled: bool
+) -> None:
     old = to_transfer(model_state(), "bf16")
     new = updated(model_state(), how, seed=1)
     base = None if full else old
     serial = build_payload(to_transfer(new, "bf16"), base)
     producer = Capture()
     outline = WeightChunk("p", 1, -1, "delta", "manifest", -1, 0, 0, "")
-    sent = stream_chunks(producer, Identity(), TOPIC, outline, new, "bf16", base, None, chunk_bytes, workers)
+    sent = stream_chunks(
+        producer, Identity(), TOPIC, outline, new, "bf16", base, None, chunk_bytes, workers, True, compiled
+    )
     assert b"".join(chunk.data for chunk in producer.records) == bytes(serial.buffer)
     assert sent.sha256 == hashlib.sha256(serial.buffer).hexdigest() and sent.total_bytes == len(serial.buffer)
     assert sent.specs == serial.specs == [spec for chunk in producer.records for spec in chunk.tensors]
