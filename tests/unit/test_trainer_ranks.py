@@ -1,10 +1,15 @@
 """A trainer of several ranks, without starting any: each rank's share of a batch, its micro-batches,
-the launcher command line, the config's checks and how a rank finds its start's store."""
+the launcher command line, the config's checks, how a rank finds its start's store and how the
+launcher's process ends."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import textwrap
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +166,70 @@ def test_micro_batches_are_cut_from_the_share_ordered_by_length() -> None:
     assert widths == [[1, 2, 3], [4, 5, 7], [8, 9]]  # padded to 3, 7 and 9 rather than 9, 9 and 9
     unsplit = PolicyTrainer(None, 0, PolicyStepConfig(), backend=_NoBackend())._parts(examples)
     assert [example.advantage for example in unsplit[0]] == [float(i) for i in range(8)]  # one part keeps the order
+
+
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run by this Python in its own process, from the repository's root."""
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
+
+
+STOPPED_LAUNCHER = textwrap.dedent(
+    """
+    import signal, sys, threading, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from astraflow.infra.launch import ranks
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    other = dist.TCPStore("127.0.0.1", store.port, is_master=False)
+    waiting = threading.Event()
+
+    def heartbeat():  # as the rendezvous' keep-alive: a daemon thread inside a store call
+        waiting.set()
+        store.wait(["key"], timedelta(seconds=60))
+
+    class AnswerWhileFinalising:  # the call returns while the interpreter finalises
+        def __del__(self, other=other, sleep=time.sleep):
+            other.set("key", b"1")
+            sleep(2)
+
+    def stopped(argv):  # torch.distributed.run's main, stopped by a signal
+        threading.Thread(target=heartbeat, daemon=True).start()
+        waiting.wait()
+        sys.answer = AnswerWhileFinalising()
+        raise SignalException("stop", signal.SIGTERM)
+
+    torchrun.main = stopped
+    ranks.run_launcher(ranks.RankLaunch(), ["train", "c.yaml"])
+    """
+)
+
+
+def test_a_launcher_stopped_while_the_rendezvous_heartbeat_is_in_the_store_exits_0() -> None:
+    """The two-machine trainer's agents aborted (SIGABRT) on a stop now and then: torch leaves the
+    rendezvous heartbeat running after a stop signal, and its store call returned into the finalising
+    interpreter. Here the call returns while the interpreter would finalise, every time."""
+    done = run_script(STOPPED_LAUNCHER)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_launcher_whose_restarts_are_spent_exits_1_saying_so() -> None:
+    script = textwrap.dedent(
+        """
+        import torch.distributed.run as torchrun
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from astraflow.infra.launch import ranks
+
+        def failed(argv):
+            raise ChildFailedError("astraflow.cli", {0: {"message": "rank 0 died", "timestamp": 0}})
+
+        torchrun.main = failed
+        ranks.run_launcher(ranks.RankLaunch(), ["train", "c.yaml"])
+        """
+    )
+    done = run_script(script)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "the trainer's launcher failed" in done.stderr

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from astraflow.config import RunConfig, load_config
 from astraflow.core.rundir import RunDir
@@ -90,5 +92,16 @@ def exit_if_stuck(name: str) -> None:
     stuck = stuck_clients.stuck()
     if stuck:
         logger.error("%s exits without closing its log: %s never returned", name, "; ".join(stuck))
-        logging.shutdown()
-        os._exit(1)
+        exit_now(1)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with ``code`` once its logs and standard streams are flushed, without
+    finalising the interpreter (no ``atexit`` handlers, no module teardown)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -98,19 +99,34 @@ def launcher_argv(launch: RankLaunch, command: list[str], python: str = sys.exec
     return argv + ["-m", "astraflow.cli", *rank_command(command)]
 
 
-def run_launcher(launch: RankLaunch, command: list[str]) -> None:
+def run_launcher(launch: RankLaunch, command: list[str]) -> NoReturn:
     """Run ``command`` as the ranks of ``launch`` under ``torch.distributed.run``'s agent, in this process,
-    until the ranks exit; a stop signal (which the agent passes on to them) ends it normally."""
+    until the ranks exit, then exit this process: 0 when they finished or a stop signal (which the agent
+    passes on to them) ended them, 1 when the launcher failed (its restarts spent).
+
+    The process exits without finalising the interpreter (``exit_now``): after a stop signal torch
+    leaves the c10d rendezvous' heartbeat running (closing the rendezvous would end it for the other
+    machines too), a daemon thread that may be inside a call to the rendezvous store when the agent
+    hosting that store exits first. The call then returns into a finalising interpreter, which ends
+    the thread by unwinding its C++ frames, and the process aborts (SIGABRT) instead of exiting 0."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main
+
+    from astraflow.infra.launch.process import exit_now
 
     argv = launcher_argv(launch, command)
     os.environ[AGENT_PID] = str(os.getpid())  # the ranks inherit it (``follow_agent``)
     logger.info("starting %d trainer ranks: %s", launch.nproc, " ".join(argv))
+    code = 1
     try:
         main(argv[3:])  # what follows ``python -m torch.distributed.run``
+        code = 0
     except SignalException as exc:
         logger.info("the trainer's ranks stopped on signal %s", exc.sigval)
+        code = 0
+    except BaseException:
+        logger.exception("the trainer's launcher failed")
+    exit_now(code)
 
 
 def follow_agent() -> None:
