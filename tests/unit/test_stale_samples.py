@@ -69,6 +69,24 @@ def test_a_stale_group_takes_no_place_in_the_batch_and_is_handed_back() -> None:
     assert assembler.buffer == []  # the stale records were consumed with the batch
 
 
+def test_a_waiting_trainer_says_what_it_holds_of_its_batch() -> None:
+    """A run whose batch never fills (the replay stall of docs/benchmarks.md#data_algorithms) waited in
+    silence; the trainer now logs every ``WAIT_WARNING_S`` how long it waited and what it holds."""
+    from astraflow.consumers.trainer.component import waiting_message
+
+    old = at_version(recorded_samples(GROUP, seed=3), 0, tag="old")
+    newer = at_version(recorded_samples(GROUP), 1)
+    assembler = BatchAssembler(batch_samples=2 * GROUP, group_size=GROUP)
+    for offset, sample in enumerate(old + newer):
+        assembler.add(sample, message(offset))
+    assert assembler.held(oldest_version=None) == (2 * GROUP, 0)
+    assert assembler.held(oldest_version=1) == (GROUP, GROUP)
+    assert assembler.take(oldest_version=1) is None  # one fresh group of the two a batch needs
+    text = waiting_message(61.2, 7, assembler, 1)
+    assert text.startswith(f"no batch for 61 s after version 7: {GROUP} of {2 * GROUP} samples held ({GROUP} more")
+    assert "(astraflow stats)" in text and "more in stale" not in waiting_message(61.2, 7, assembler, None)
+
+
 def test_without_a_bound_every_group_is_trained() -> None:
     assembler = BatchAssembler(batch_samples=GROUP, group_size=GROUP)
     for offset, sample in enumerate(at_version(recorded_samples(GROUP), 0)):

@@ -89,6 +89,23 @@ class BatchAssembler:
         else:
             self.buffer.append((None, message, group_id, self.group_size))
 
+    def held(self, oldest_version: int | None = None) -> tuple[int, int]:
+        """(samples that would count towards the next batch, samples of groups stale at ``oldest_version``)
+        in the buffer: what a trainer waiting for a batch says it holds."""
+        stale_groups = self._stale_groups(oldest_version)
+        stale = sum(1 for _, _, gid, _ in self.buffer if gid in stale_groups)
+        return len(self.buffer) - stale, stale
+
+    def _stale_groups(self, oldest_version: int | None) -> set[str]:
+        """Ids of the buffered groups with a fresh (not replayed) sample generated before ``oldest_version``."""
+        if oldest_version is None:
+            return set()
+        return {
+            gid
+            for sample, _, gid, _ in self.buffer
+            if sample is not None and not sample.replayed and sample.trajectory.min_version < oldest_version
+        }
+
     def take(self, oldest_version: int | None = None) -> list[tuple[TrainSample | None, Message]] | None:
         """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
         when the buffer's prefix holds enough whole groups.
@@ -96,13 +113,7 @@ class BatchAssembler:
         With ``oldest_version``, a group with a fresh (not replayed) sample generated before it is
         stale: it takes no place in the batch, and the records of it in the batch's prefix are in
         ``stale`` after the call, (sample, message) each, consumed with the batch."""
-        stale_groups = set()
-        if oldest_version is not None:
-            stale_groups = {
-                gid
-                for sample, _, gid, _ in self.buffer
-                if sample is not None and not sample.replayed and sample.trajectory.min_version < oldest_version
-            }
+        stale_groups = self._stale_groups(oldest_version)
         self.stale = []
         remaining: dict[str, int] = {}
         fresh = 0

@@ -91,6 +91,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+WAIT_WARNING_S = 60.0
+"""A trainer that has waited this long for a batch says so, and again after as long each time."""
+
+
+def waiting_message(waited: float, version: int, assembler: BatchAssembler, oldest_version: int | None) -> str:
+    """What a trainer waiting for its next batch logs: how long, and what it holds of the batch."""
+    held, stale = assembler.held(oldest_version)
+    return (
+        f"no batch for {waited:.0f} s after version {version}: {held} of {assembler.batch_samples} samples held"
+        + (f" ({stale} more in stale groups)" if stale else "")
+        + "; if the producers and the stream processor are idle too, the run is stalled: compare the feeder's "
+        "submitted tasks with the stream's accepted and dropped groups (astraflow stats)"
+    )
+
 
 class Trainer:
     """Trains one policy from its samples topic and publishes every version."""
@@ -159,20 +173,24 @@ class Trainer:
             ctx.metric(TRAIN_VERSION, version, version, policy=self.policy)
             crash_point("trainer.flush_start", version)
             ctx.producer.flush()
-            waited = 0.0
+            waited, warn_at = 0.0, WAIT_WARNING_S
             while not stop.is_set():
                 t0 = time.perf_counter()
                 for message in consumer.poll(max_records=1024, timeout=0.5):
                     assembler.admit(message, ctx.codec, self._problem, self._reject)
                 waited += time.perf_counter() - t0
-                taken = assembler.take(self._oldest_trainable())
+                oldest = self._oldest_trainable()
+                taken = assembler.take(oldest)
                 if taken is None:
                     self.commands.keepalive()
+                    if waited >= warn_at:
+                        logger.warning(waiting_message(waited, self.learner.version, assembler, oldest))
+                        warn_at += WAIT_WARNING_S
                     continue
                 if assembler.stale:
                     self._drop_stale(assembler.stale)
                 self._step(taken, waited)
-                waited = 0.0
+                waited, warn_at = 0.0, WAIT_WARNING_S
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too
                 try:
                     self._checkpoint_unless_fenced()
