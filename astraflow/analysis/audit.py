@@ -24,6 +24,13 @@ files, and none of the trainer's code):
   trainer's offsets passed its sample without an entry naming it, a dead letter, or an entry
   naming another copy of it.
 
+On a live run the reads are ordered so that work done while the audit reads is never taken for a
+loss: first the offsets the stream processors committed, then each ledger (the trainer's offsets),
+then the changelogs of half-filled groups, and only then the fates - dead letters, feedback,
+trajectories, samples. A stage commits a record's fate in the transaction that moves its offsets, so
+every fate behind an offset read first is on the log when the fates are read; what happened after
+is pending.
+
 When several fates are recorded (a group re-processed after a crash) the first of that list wins.
 A record that does not decode has no id: it is one item, named ``@partition:offset``. Replayed
 copies (a replay mixer's ``#replayN`` samples, an offline mixer's ``#offlineN``) are counted apart,
@@ -201,6 +208,8 @@ def _audit_policy(
     letters: dict[tuple[str, int, int], DeadLetter],
     feedback: list[PromptStats],
     committed: dict[TopicPartition, int],
+    entries: list[LedgerEntry],
+    held: set[str],
     topics: set[str],
 ) -> PolicyAudit:
     result = PolicyAudit(policy)
@@ -223,10 +232,9 @@ def _audit_policy(
             for trajectory_id in stats.trajectory_ids:
                 filtered[trajectory_id] = stats.drop_reason.partition(":")[0] or "unknown"
 
-    samples_topic, ledger = f"{run.name}.samples.{policy}", f"{run.name}.ledger.{policy}"
+    samples_topic = f"{run.name}.samples.{policy}"
     samples = [(m, s) for m, s in decode_snapshot(run.log, samples_topic) if isinstance(s, TrainSample)]
     of_sample = {sample.sample_id: sample for _, sample in samples}  # others: dead-lettered by the trainer
-    entries = [e for _, e in decode_snapshot(run.log, ledger) if isinstance(e, LedgerEntry)] if ledger in topics else []
     head, live = live_lineage(entries)
     result.epochs = len({entry.epoch for entry in entries})
     result.lost_versions = len(entries) - len(live)
@@ -267,8 +275,6 @@ def _audit_policy(
             passed_over.add(tid)
     result.copies_dropped = sum(max(0, count - live_ids[sid]) for sid, count in records_of.items())
     pending_trainer = beyond_trainer | (in_lost_version - set(trained))
-
-    held = held_by_faust_table(run, policy) | held_by_native_changelog(run, policy)
     counts: dict[str, Counter] = {"trained": Counter(), "filtered": Counter(), "dead": Counter(), "pending": Counter()}
     for item, places in items.items():
         if trained[item]:
@@ -310,6 +316,18 @@ def unfinished_episodes(run: AttachedRun, topic: str) -> int:
 def audit_run(run: AttachedRun) -> AuditReport:
     """Reconcile every policy's trajectories of ``run`` with the fates recorded for them."""
     topics = set(run.run_topics())
+    policies = sorted(topic.rsplit(".", 1)[1] for topic in run.topics_of("trajectories"))
+    groups = run.log.group_offsets()  # the reads' order matters on a live run (module docstring)
+    committed: dict[TopicPartition, int] = {}
+    for policy in policies:
+        committed.update(groups.get(f"{run.name}.stream.{policy}", {}))
+    ledgers = [f"{run.name}.ledger.{policy}" for policy in policies]
+    entries = {
+        p: [e for _, e in decode_snapshot(run.log, t) if isinstance(e, LedgerEntry)]
+        for p, t in zip(policies, ledgers)
+        if t in topics
+    }
+    held = {policy: held_by_faust_table(run, policy) | held_by_native_changelog(run, policy) for policy in policies}
     letters: dict[tuple[str, int, int], DeadLetter] = {}
     tasks: Counter[str] = Counter()
     control = read_control(run, metrics=False)
@@ -323,14 +341,9 @@ def audit_run(run: AttachedRun) -> AuditReport:
         for _, stats in decode_snapshot(run.log, topic)
         if isinstance(stats, PromptStats)
     ]
-    committed: dict[TopicPartition, int] = {}
-    groups = run.log.group_offsets()
-    policies = sorted(topic.rsplit(".", 1)[1] for topic in run.topics_of("trajectories"))
-    for policy in policies:
-        committed.update(groups.get(f"{run.name}.stream.{policy}", {}))
     return AuditReport(
         run.name,
-        [_audit_policy(run, p, letters, feedback, committed, topics) for p in policies],
+        [_audit_policy(run, p, letters, feedback, committed, entries.get(p, []), held[p], topics) for p in policies],
         dict(tasks.most_common()),
         control.forged,
     )

@@ -196,3 +196,74 @@ def test_members_of_a_group_the_native_changelog_holds_are_pending_not_lost(
     with open_run(run_dir) as opened:
         [main] = audit_run(opened).policies
     assert main.lost == ["g9/0", "g9/1"] and main.pending == {"trainer": 2, "stream": 4}
+
+
+class Interleaved:
+    """A run's log that runs ``action`` once, right before its ``at``-th read begins: a snapshot read's end
+    offsets or the stream groups' committed offsets, the points where an audit takes a topic's state."""
+
+    def __init__(self, log, at: int, action) -> None:
+        self.log, self.at, self.action, self.reads = log, at, action, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.log, name)
+
+    def _read(self) -> None:
+        if self.reads == self.at:
+            self.action(self.log)
+        self.reads += 1
+
+    def end_offsets(self, *args, **kwargs):
+        self._read()
+        return self.log.end_offsets(*args, **kwargs)
+
+    def group_offsets(self, *args, **kwargs):
+        self._read()
+        return self.log.group_offsets(*args, **kwargs)
+
+
+def stream_decides_g7(run: str, fate: str):
+    """What a stream processor commits for the group beyond its offset (g7, offsets 14-15) in one transaction:
+    its fate (dropped as zero variance, or a member dead-lettered and its sibling dropped) and the offset."""
+    topics, codec = RunTopics(run, "math", ("main",)), Codec()
+
+    def act(log) -> None:
+        with log.producer() as producer:
+            if fate == "filtered":
+                producer.send(topics.feedback(), codec.encode(stats("g7", ["g7/0", "g7/1"], "zero_variance: equal")))
+            else:
+                letter = DeadLetter(
+                    "stream-1", "invalid trajectory g7/0: bad", "", topics.trajectories("main"), 0, 14, b"g7", b"", 0
+                )
+                producer.send(topics.deadletter("stream"), codec.encode(letter))
+                producer.send(topics.feedback(), codec.encode(stats("g7", ["g7/1"], "incomplete: 1 dead-lettered")))
+            producer.flush()
+        with log.consumer(group_id=f"{run}.stream.main") as stream:
+            stream.assign([TopicPartition(topics.trajectories("main"), 0)])
+            stream.commit({TopicPartition(topics.trajectories("main"), 0): 16})
+
+    return act
+
+
+@pytest.mark.parametrize("fate", ["filtered", "dead-lettered"])
+def test_a_live_runs_audit_takes_nothing_decided_while_it_reads_for_lost(tmp_path: Path, fate: str) -> None:
+    """The stream decides g7's fate and commits past it at each point where the audit starts a read, in turn:
+    g7 is pending (decided after the audit read the committed offsets) or has its fate, never lost."""
+    seen, at = set(), 0
+    while True:
+        run_dir, run = tmp_path / f"run{at}", f"live{at}"
+        record_run(run_dir, {"backend": "embedded"}, run, faulty=False)
+        with open_run(run_dir) as opened:
+            opened.log = log = Interleaved(opened.log, at, stream_decides_g7(run, fate))
+            report = audit_run(opened)
+        [main] = report.policies
+        assert main.lost == [] and report.ok, (at, main)
+        # g3, g4/1, g5/1 filtered, g4/0 and g5/0 dead-lettered, g7 pending or decided (a member each way when the
+        # audit read the dead letters before the action and the feedback after it)
+        pending = main.pending.get("stream", 0)
+        assert sum(main.filtered.values()) + sum(main.dead_lettered.values()) + pending == 4 + 2 + 2, (at, main)
+        seen.add({2: "pending", 0: "decided"}.get(pending, "mixed"))
+        if at >= log.reads:  # the action ran after the last read: the audit saw none of it
+            break
+        at += 1
+    assert {"pending", "decided"} <= seen  # both sides of the race were walked
