@@ -53,6 +53,8 @@ def _cache_key(config: RunConfig) -> str:
             "max_new_tokens": r.max_new_tokens,
             **config.agent.model_dump(mode="json"),
         }
+    if config.engine.type == "simulated":  # its base's context holds the simulated responses (``_train_base``)
+        sections["simulated"] = {"max_new_tokens": config.rollout.max_new_tokens}
     version = task_data_version(config.task.kind)
     if version > 1:  # tasks whose generator never changed keep their keys, and their caches
         sections["data"] = {"version": version}
@@ -76,9 +78,14 @@ def _train_base(config: RunConfig, run_dir: Path, target: Path) -> None:
     spec = TinyModelSpec(
         hidden_size=m.hidden, num_layers=m.layers, num_heads=m.heads, intermediate_size=4 * m.hidden, seed=m.seed
     )
-    model = build_tiny_model(
-        tokenizer, spec if not multi_turn else TinyModelSpec(**{**vars(spec), "max_positions": AGENT_CONTEXT})
-    )
+    positions = AGENT_CONTEXT if multi_turn else spec.max_positions
+    if config.engine.type == "simulated":
+        # a simulated engine's tokens stand for those of the model its time model describes, up to
+        # rollout.max_new_tokens a response: the base's context holds them, as that model's would, so the stream
+        # does not dead-letter them as too long (rotary positions: no weights change; nothing runs the tiny model
+        # on them, a simulated trainer included)
+        positions = max(positions, spec.max_positions + config.rollout.max_new_tokens)
+    model = build_tiny_model(tokenizer, TinyModelSpec(**{**vars(spec), "max_positions": positions}))
     train = load_policy_split(config, run_dir, "train", targets=True)
     heldout = load_policy_split(config, run_dir, "heldout", targets=True)
     fit_options = {

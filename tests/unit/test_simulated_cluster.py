@@ -200,3 +200,19 @@ def test_bad_simulation_config_names_the_field(raw: dict, names: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
     assert names in str(info.value)
+
+
+def test_the_simulated_clusters_base_holds_the_responses_it_stands_for(tmp_path, monkeypatch) -> None:
+    """The simulated engine writes responses of up to ``rollout.max_new_tokens`` (4096) for a model it only
+    times; the base records a context that holds them, so the stream's validation does not dead-letter every
+    long one as past the tiny model's 64 positions (which stalled the example at version 0)."""
+    from astraflow.basemodel.cache import ensure_base_checkpoint
+    from astraflow.runtime.base_checkpoint import model_limits
+
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path / "cache"))
+    config = load_config(EXAMPLE, {"warmup": {"max_steps": 1, "eval_every": 1}}).for_policy("solver")
+    torch_engine = config.model_copy(update={"engine": config.engine.model_copy(update={"type": "torch"})})
+    _, context = model_limits(ensure_base_checkpoint(torch_engine, tmp_path / "torch"))  # cached first: not shared
+    assert context == 64
+    _, context = model_limits(ensure_base_checkpoint(config, tmp_path / "run"))
+    assert context >= 64 + config.rollout.max_new_tokens
