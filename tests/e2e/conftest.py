@@ -71,6 +71,21 @@ def warm_up(config: Path, run_dir: Path, timeout: float) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def run_to_end(config: Path, run_dir: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``astraflow run CONFIG --run-dir RUN_DIR --no-dashboard`` (a real subprocess), asserted to end with 0."""
+    argv = [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+def run_audit(*target: Path) -> subprocess.CompletedProcess:
+    """``astraflow audit TARGET... --json`` (a real subprocess: a run directory, or a config and
+    ``--run-dir``); its JSON report is the output."""
+    argv = [str(ASTRAFLOW), "audit", *map(str, target), "--json"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture
 def run_dir(warmed_run_dir: Path, tmp_path: Path) -> Path:
     """A fresh run directory that starts from the shared base checkpoint."""
@@ -105,13 +120,7 @@ def record_math_run(warmed_run_dir: Path, run_dir: Path) -> None:
     config = write_config(
         run_dir / "test.yaml", run="learn", stop={"max_versions": 80, "max_minutes": 12}, weights=signing
     )
-    result = subprocess.run(
-        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    result = run_to_end(config, run_dir, timeout=900)
     (run_dir / "run.stdout").write_text(result.stdout)
 
 

@@ -15,7 +15,6 @@ fraction of the cost of more process trees.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +38,7 @@ from astraflow.streams.operators.pipeline import build_pipeline
 from astraflow.tasks.catalog import open_environments
 from astraflow.tasks.datasets import load_task_split
 from astraflow.training.step import PolicyExample, PolicyStepConfig, PolicyTrainer
-from tests.e2e.conftest import ASTRAFLOW
+from tests.e2e.conftest import run_to_end
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
 
@@ -65,13 +64,7 @@ def test_search_run_learns_to_use_the_tool(tmp_path: Path) -> None:
         eval={"every_versions": 3},
         stop={"max_versions": 6, "max_minutes": 30, "target_accuracy": None},
     )
-    result = subprocess.run(
-        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_to_end(config, run_dir, timeout=2400)
     summary = json.loads((run_dir / "summary.json").read_text())
     # greedy held-out success, one search episode per question, measured by the evaluator process:
     # the mean of the last two evaluations (200 questions each, so one varies by ~0.035)
@@ -115,13 +108,7 @@ def test_code_run_learns_from_the_tests_its_programs_pass(tmp_path: Path) -> Non
         eval={"every_versions": 4},
         stop={"max_versions": 16, "max_minutes": 30},
     )
-    result = subprocess.run(
-        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_to_end(config, run_dir, timeout=2400)
     summary = json.loads((run_dir / "summary.json").read_text())
     accuracy = {int(version): value for version, value in summary["accuracy_by_version"].items()}
     # greedy held-out tests passed (64 programs of 5 tests each), the mean of the evaluations at 12 and

@@ -1,9 +1,12 @@
 """Multi-turn episodes survive a producer killed in their middle (``producers/rollout/episode_journal.py``).
 
-The rooms example as separate processes (trainer, stream, feeder, one rollout producer), on both
-backends. The producer SIGKILLs itself right after its second commit of completed turns
-(``rollout.turns_committed#2``, ``core/crashpoints.py``), which held turns of episodes still going:
-those are on the journal, nothing of them on the trajectories topic. The test reads the journal then, with
+The rooms, search and code examples as separate processes (trainer, stream, feeder, one rollout
+producer), each on both backends. The producer SIGKILLs itself right after a commit of completed turns
+(``rollout.turns_committed#k``, ``core/crashpoints.py``: the second for rooms and search, the first for
+code, whose episodes have two turns), which held turns of episodes still going: those are on the
+journal, nothing of them on the trajectories topic. Bases warmed up for one step write nonsense,
+which every environment answers instead of ending on (an unknown move, a missing ``answer(...)``, a
+failing program), so episodes go on to their turn limit. The test reads the journal then, with
 nothing running that could write it, and starts another producer. That one must finish each recorded
 episode from its last recorded turn: the finished trajectory starts with the recorded tokens, log-probs,
 versions and turns byte for byte, lists both producers and one resume, and the second producer's
@@ -28,7 +31,7 @@ from astraflow.log import TopicPartition
 from astraflow.runtime.attach import decode_snapshot, open_run
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Metric, Trajectory
-from tests.e2e.conftest import ASTRAFLOW, made_once, stop_processes, warm_up
+from tests.e2e.conftest import ASTRAFLOW, made_once, run_audit, stop_processes, warm_up
 from tests.e2e.test_agentic import example_config
 from tests.e2e.test_elastic import wait_until
 
@@ -37,35 +40,50 @@ QUICK = {
     "task": {"heldout_size": 16},
     # the policy need not be good, only take turns: one supervised step, then the warm-up's first evaluation
     "warmup": {"max_steps": 1, "eval_every": 1, "target_accuracy": 0.001},
-    # a turn of up to 40 tokens mostly ends with eos (10, the example's, mostly ends the episode: "length"), and a
-    # nonsense move is answered, not ended on: episodes go on until their 640 tokens are spent, ~6 turns
-    "rollout": {"group_size": 4, "prompts_per_generation": 2, "threads": 1, "temperature": 1.0, "max_new_tokens": 40},
+    "rollout": {"group_size": 4, "prompts_per_generation": 2, "threads": 1, "temperature": 1.0},
     "agent": {"tool_workers": 1},
     "train": {"batch_samples": 8},
 }
+# rooms: a turn of up to 40 tokens mostly ends with eos (10, the example's, mostly ends the episode: "length"),
+# so episodes go on until their 640 tokens are spent, ~6 turns; search has 3 turns and code 2
+EXAMPLES = {
+    "rooms": ({"max_new_tokens": 40}, "rollout.turns_committed#2"),
+    "search": ({}, "rollout.turns_committed#2"),
+    "code": ({}, "rollout.turns_committed#1"),
+}
+
+
+def quick(example: str, path: Path, **sections: dict | str) -> Path:
+    rollout, _ = EXAMPLES[example]
+    return example_config(example, path, **{**QUICK, "rollout": {**QUICK["rollout"], **rollout}}, **sections)
 
 
 @pytest.fixture(scope="session")
-def rooms_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run directory template holding the quick rooms base checkpoint."""
-    with made_once(tmp_path_factory, "rooms-quick") as (run_dir, made):
-        if not made:
-            warm_up(example_config("rooms", run_dir / "config.yaml", **QUICK), run_dir, timeout=600)
-    return run_dir
+def quick_bases(tmp_path_factory: pytest.TempPathFactory):
+    """``quick_bases(example)``: a run directory template holding the example's quick base checkpoint."""
+
+    def base(example: str) -> Path:
+        with made_once(tmp_path_factory, f"{example}-quick") as (run_dir, made):
+            if not made:
+                warm_up(quick(example, run_dir / "config.yaml"), run_dir, timeout=600)
+        return run_dir
+
+    return base
 
 
 @pytest.mark.parametrize("backend", ["embedded", "kafka"])
+@pytest.mark.parametrize("example", list(EXAMPLES))
 def test_a_killed_producers_episodes_finish_from_their_last_recorded_turn(
-    backend: str, rooms_base: Path, tmp_path: Path, request: pytest.FixtureRequest
+    example: str, backend: str, quick_bases, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "base").symlink_to(rooms_base / "base")
-    run = f"resume-{backend}-{os.getpid()}"
+    (run_dir / "base").symlink_to(quick_bases(example) / "base")
+    run = f"resume-{example}-{backend}-{os.getpid()}"
     log = {"backend": "embedded"}
     if backend == "kafka":
         log = {"backend": "kafka", "bootstrap": request.getfixturevalue("kafka_bootstrap")}
-    config = example_config("rooms", tmp_path / "config.yaml", run=run, log={**log, "partitions": 2}, **QUICK)
+    config = quick(example, tmp_path / "config.yaml", run=run, log={**log, "partitions": 2})
     record = tmp_path / "crash-record"
     record.mkdir()
     logs = tmp_path / "logs"
@@ -77,9 +95,7 @@ def test_a_killed_producers_episodes_finish_from_their_last_recorded_turn(
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
 
     processes = {name: start(name, name) for name in ("train", "stream", "feed")}
-    processes["rollout-a"] = start(
-        "rollout", "rollout-a", **{CRASH_ENV: "rollout.turns_committed#2", RECORD_ENV: str(record)}
-    )
+    processes["rollout-a"] = start("rollout", "rollout-a", **{CRASH_ENV: EXAMPLES[example][1], RECORD_ENV: str(record)})
     try:
         assert processes["rollout-a"].wait(timeout=300) == -9, (logs / "rollout-a.out").read_text()[-3000:]
         with open_run(config, run_dir) as attached:  # nothing runs that could write the journal now
@@ -121,14 +137,9 @@ def test_a_killed_producers_episodes_finish_from_their_last_recorded_turn(
     policy_turns = sum(1 for r in recorded.values() for turn in r.turns if turn.role == "policy")
     assert turns_resumed[resumer] == policy_turns  # it took these from the journal and generated the rest
 
-    audit = subprocess.run(
-        [str(ASTRAFLOW), "audit", str(config), "--run-dir", str(run_dir), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
-    [main] = json.loads(audit.stdout)["policies"]
+    audited = run_audit(config, "--run-dir", run_dir)
+    assert audited.returncode == 0, audited.stdout[-3000:] + audited.stderr[-3000:]
+    [main] = json.loads(audited.stdout)["policies"]
     assert main["lost"] == [] and main["trained_twice"] == [] and main["episodes_finished_twice"] == []
     assert main["episodes_resumed"] == len(recorded) and main["episodes_unfinished"] == 0
 

@@ -11,14 +11,13 @@ example's own mode (async, one version of staleness), stopped on the solver's ve
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from astraflow.infra.launch.monitor import gain_over_base
-from tests.e2e.conftest import ASTRAFLOW
+from tests.e2e.conftest import run_to_end
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier" / "config.yaml"
 # a cold warm-up of both policies (~20 s) is part of this test when nothing is cached. Run alone
@@ -37,13 +36,7 @@ def test_solver_and_verifier_both_learn(run_dir: Path) -> None:
     raw["eval"]["every_versions"] = 10
     config = run_dir / "test.yaml"
     config.write_text(yaml.safe_dump(raw))
-    result = subprocess.run(
-        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_to_end(config, run_dir, timeout=1500)
     summary = json.loads((run_dir / "summary.json").read_text())
     policies = summary["policies"]
     assert set(policies) == {"solver", "verifier"}

@@ -10,7 +10,6 @@ trained groups of its policy's size, and the summary must report each policy.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from astraflow.infra.launch.monitor import gain_over_base
 from astraflow.log import TopicPartition, open_log
 from astraflow.schemas.codec import Codec
 from astraflow.schemas.records import Trajectory
-from tests.e2e.conftest import ASTRAFLOW, write_config
+from tests.e2e.conftest import run_to_end, write_config
 
 # long: left out of make test (time budget); the solver + verifier test covers several policies there
 pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1200)]
@@ -47,13 +46,7 @@ def test_three_policies_train_side_by_side(run_dir: Path) -> None:
         # on versions, never on the gain asserted below; the time cap only ends a run that is stuck
         stop={"max_versions": MAX_VERSIONS, "max_minutes": 12, "target_accuracy": None},
     )
-    result = subprocess.run(
-        [str(ASTRAFLOW), "run", str(config), "--run-dir", str(run_dir), "--no-dashboard"],
-        capture_output=True,
-        text=True,
-        timeout=1000,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_to_end(config, run_dir, timeout=1000)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["policies"]) == set(POLICIES)
     for name, policy in summary["policies"].items():

@@ -28,7 +28,7 @@ import pytest
 from astraflow.core.crashpoints import ENV as CRASH_ENV
 from astraflow.core.crashpoints import RECORD_ENV
 from astraflow.infra.launch.monitor import gain_over_base
-from tests.e2e.conftest import ASTRAFLOW, stop_processes, write_config
+from tests.e2e.conftest import ASTRAFLOW, run_audit, stop_processes, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -113,10 +113,7 @@ def test_two_rank_trainer_learns_and_survives_a_killed_rank(run_dir: Path, backe
     # the elastic agent restarted the ranks: a new rank 1 trained after the killed one
     assert rank_pid(run_dir, 1) != killed
     assert (record / "0").exists(), "rank 0 never reached the sharded checkpoint's commit"
-    audit = subprocess.run(
-        [str(ASTRAFLOW), "audit", str(run_dir), "--json"], capture_output=True, text=True, timeout=300
-    )
-    report = json.loads(audit.stdout)
+    report = json.loads(run_audit(run_dir).stdout)
     [policy] = report["policies"]
     assert report["ok"] and not policy["lost"] and not policy["trained_twice"], report
     # rank 0 alone wrote to the log: the trainer's metrics come from one process per start

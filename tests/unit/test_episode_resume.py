@@ -2,7 +2,7 @@
 kept in memory: a producer "killed" after its k-th round of turns, and another one that resumes.
 
 The journal here stands in for the rollout producer's (``producers/rollout/episode_journal.py``, shown
-with real processes and SIGKILL in ``tests/integration/test_episode_journal.py``): it keeps what
+with real processes and SIGKILL in ``tests/e2e/test_episode_resume.py``): it keeps what
 ``record`` was given as the producer's journal would have committed it, and raises ``Killed`` right
 after the round it is told to, which ends ``play`` there like a kill after that commit.
 """
