@@ -34,6 +34,14 @@ DEPENDS: dict[str, list[str]] = {
     "agentic_kills.json": ["benchmarks/agentic.py", "examples/rooms", "astraflow"],
     "backends.json": ["benchmarks/backends.py", *WHOLE_SYSTEM],
     "chaos.json": ["benchmarks/chaos.py", *WHOLE_SYSTEM],
+    "compose_stack.json": [
+        "benchmarks/compose_stack.py",
+        "docker-compose.yml",
+        "Dockerfile",
+        "deploy/stack",
+        "scripts/stack.sh",
+        *WHOLE_SYSTEM,
+    ],
     "crashpoints.json": ["benchmarks/crashpoints.py", *WHOLE_SYSTEM],
     "checkpoint_cost.json": ["benchmarks/checkpoint_cost.py", "astraflow/training", "astraflow/consumers/trainer"],
     "data_algorithms.json": ["benchmarks/data_algorithms.py", "astraflow/streams", "astraflow/producers/feeder"],
@@ -45,6 +53,7 @@ DEPENDS: dict[str, list[str]] = {
     "multi_policy_real.json": ["benchmarks/multi_policy.py", "examples/solver_verifier", "astraflow"],
     "multi_policy_sim.json": ["benchmarks/multi_policy.py", "benchmarks/trainer_centred.py", "astraflow"],
     "prototype_grpo.json": ["benchmarks/prototype_grpo.py"],
+    "rooms_kl.json": ["benchmarks/rooms_kl.py", "examples/rooms", "astraflow"],
     "secure.json": ["benchmarks/secure.py", *WHOLE_SYSTEM],
     "stream_throughput.json": [
         "benchmarks/stream_throughput.py",
