@@ -82,7 +82,8 @@ class Figure:
     """Whether ``commit`` is the run's own record (``False``: the file's commit; the run was older)."""
     paths: list[str]
     changes_since: int | None
-    """Commits that touched ``paths`` after ``commit``; ``None`` where git cannot tell (a shallow clone)."""
+    """Commits that touched ``paths`` after ``commit``; ``None`` where git cannot tell: a shallow clone,
+    or a commit this history does not hold (one of a stop whose CI failed, re-committed under new hashes)."""
 
 
 def git(*args: str) -> str:
@@ -133,7 +134,7 @@ def table(rows: list[Figure]) -> str:
     lines = ["| result | ran at | commits on its paths since | paths |", "|---|---|---|---|"]
     for row in rows:
         when = row.commit if row.recorded else f"{row.commit} (committed; the run recorded none)"
-        since = "unknown (no history)" if row.changes_since is None else str(row.changes_since)
+        since = str(row.changes_since) if row.changes_since is not None else _unknown(row.commit)
         lines.append(f"| {row.result} | {when} | {since} | {', '.join(row.paths)} |")
     return "\n".join(lines)
 
@@ -141,3 +142,14 @@ def table(rows: list[Figure]) -> str:
 if __name__ == "__main__":
     rows = figures()
     print(json.dumps([asdict(row) for row in rows], indent=1) if "--json" in sys.argv else table(rows))
+
+
+def _unknown(commit: str) -> str:
+    """Why the commits since ``commit`` cannot be counted."""
+    try:
+        git("cat-file", "-e", f"{commit}^{{commit}}")
+    except subprocess.CalledProcessError:
+        if git("rev-parse", "--is-shallow-repository") == "true":
+            return "unknown (a shallow clone)"
+        return "unknown (ran at a commit not in this history)"
+    return "unknown"
