@@ -380,3 +380,35 @@ def test_settled_tells_when_sends_are_acknowledged_and_raises_their_errors(log: 
             while not producer.settled():
                 assert time.monotonic() < deadline, "the failure was never reported"
                 time.sleep(0.01)
+
+
+def test_a_seek_right_after_assign_holds(log: Log, unique: str) -> None:
+    """Partitions assigned and sought at once are read from the sought offsets, never from where the
+    assignment alone would start (the beginning, the group's committed offset): on Kafka that start is
+    looked up after the seek and could undo it (librdkafka issue 2256). As a late weights follower
+    does: read one partition, then assign it with a second and seek both."""
+    topic = make_topic(log, unique, "seekassign", partitions=2)
+    first, second = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    with log.producer() as producer:
+        for i in range(20):
+            producer.send(topic, f"v{i}".encode(), partition=i % 2)
+        producer.flush()
+    group = f"conformance-seekassign-{unique}"
+    with log.consumer(group) as committer:
+        committer.assign([first, second])
+        committer.commit({first: 9, second: 9})
+    starts = []
+    for round_ in range(10):
+        for group_id in (None, group):  # the beginning or the committed 9 would be wrong
+            with log.consumer(group_id) as consumer:
+                consumer.assign([first])
+                consumer.seek(first, 2)
+                drain(consumer, 8)
+                consumer.assign([first, second])
+                consumer.seek(first, 5)
+                consumer.seek(second, 7)
+                assert (consumer.position(first), consumer.position(second)) == (5, 7)
+                got = drain(consumer, 8)
+                starts.append((round_, group_id is not None, sorted({(m.partition, m.offset) for m in got})))
+    wanted = sorted({(0, o) for o in range(5, 10)} | {(1, o) for o in range(7, 10)})
+    assert starts == [(r, grouped, wanted) for r in range(10) for grouped in (False, True)]
