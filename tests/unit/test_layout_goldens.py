@@ -21,7 +21,12 @@ on tiny models built locally from fixed seeds (no network):
 Floating-point kernels differ between CPU instruction sets, so floats are compared bit for bit where
 torch reports the capability (and version) the goldens were recorded on, and to 1e-5 elsewhere;
 there the held-out completions, which follow a fine-tuned model's argmax, may differ on a few rows.
-Set ``ASTRAFLOW_RECORD_REFERENCE=1`` to write the goldens instead of checking them.
+The fine-tune itself is not so tame: 200 steps amplify the last bits, and on AVX2 the base scored
+0.33 where AVX512 scored 0.175, 166 of 200 completions differing. So a golden may have a copy per
+capability (``NAME.<capability>.json``), checked bit for bit where torch reports that capability: the
+AVX2 copy of ``heldout_base`` was recorded after the move, at the commit that added it, and shows
+what a later change alters on AVX2 machines. Set ``ASTRAFLOW_RECORD_REFERENCE=1`` to write the
+goldens instead of checking them (the copy for this machine's capability where the file's differs).
 """
 
 from __future__ import annotations
@@ -66,11 +71,20 @@ def same_machine(golden: dict) -> bool:
     return golden["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and golden["torch"] == torch.__version__
 
 
+def golden_path(name: str) -> Path:
+    """Golden ``name``, or its copy for this machine's CPU capability where there is one."""
+    path = GOLDEN / name
+    own = path.with_suffix(f".{torch.backends.cpu.get_cpu_capability()}.json")
+    return own if own.exists() else path
+
+
 def check_or_record(name: str, result: dict) -> dict | None:
     """Write ``result`` as golden ``name`` when recording (and skip), else the golden to check against."""
-    path = GOLDEN / name
+    path = golden_path(name)
     if RECORD:
         stamp = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+        if path.exists() and json.loads(path.read_text())["cpu_capability"] != stamp["cpu_capability"]:
+            path = (GOLDEN / name).with_suffix(f".{stamp['cpu_capability']}.json")
         path.write_text(json.dumps({**stamp, **result}, indent=1) + "\n")
         pytest.skip(f"golden {name} written")
     return json.loads(path.read_text())
