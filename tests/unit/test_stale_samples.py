@@ -69,6 +69,33 @@ def test_a_stale_group_takes_no_place_in_the_batch_and_is_handed_back() -> None:
     assert assembler.buffer == []  # the stale records were consumed with the batch
 
 
+def replayed_copy(samples: list[TrainSample], n: int) -> list[TrainSample]:
+    """The replay mixer's n-th copy of a group: the same trajectories, sample ids suffixed ``#replay<n>``."""
+    return [
+        dataclasses.replace(s, sample_id=s.trajectory.trajectory_id + f"#replay{n}", replayed=True) for s in samples
+    ]
+
+
+def test_a_replayed_copy_is_a_group_of_its_own_never_stale_with_its_original() -> None:
+    """In lockstep a fresh group the last batch left over is stale, while the replay mixer may already have
+    emitted a copy of it: the copy shares the group id, and counted as the same group it was dropped as
+    stale with it (and a copy beside its original made one group of twice its size). The trainer then held
+    one group short of its batch for ever: a lockstep run with replay stalled."""
+    old = at_version(recorded_samples(GROUP, seed=3), 0, tag="old")
+    old = [dataclasses.replace(s, sample_id=s.trajectory.trajectory_id) for s in old]  # as the stream names them
+    newer = at_version(recorded_samples(GROUP), 1)
+    copy = replayed_copy(old, 1)
+    assembler = BatchAssembler(batch_samples=2 * GROUP, group_size=GROUP)
+    for offset, sample in enumerate(old[:3] + copy[:4] + newer + old[3:] + copy[4:]):
+        assembler.add(sample, message(offset))
+    assert assembler.held(1) == (2 * GROUP, GROUP)  # the copy and the newer group count, the original does not
+    batch = assembler.take(oldest_version=1)
+    assert batch is not None
+    assert sorted(sample.sample_id for sample, _ in batch) == sorted(s.sample_id for s in newer + copy)
+    assert sorted(sample.sample_id for sample, _ in assembler.stale) == sorted(s.sample_id for s in old)
+    assert assembler.buffer == []
+
+
 def test_a_waiting_trainer_says_what_it_holds_of_its_batch() -> None:
     """A run whose batch never fills (the replay stall of docs/benchmarks.md#data_algorithms) waited in
     silence; the trainer now logs every ``WAIT_WARNING_S`` how long it waited and what it holds."""

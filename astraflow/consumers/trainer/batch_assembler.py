@@ -9,6 +9,7 @@ the optimizer step, even for samples that waited in the samples topic after the 
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -20,6 +21,24 @@ from astraflow.schemas.validation import clipped, id_problem
 
 Reject = Callable[[Message, str, BaseException | None], None]
 """Dead-letters a message with a reason (and the error behind it): ``Trainer._reject``."""
+
+
+COPY_SUFFIX = re.compile(r"(#offline[0-9]+)?(#replay[0-9]+)?")
+"""What the stream appends to a trajectory id for a sample id (``streams.operators.base.Group.copy_suffix``)."""
+
+
+def copy_id(sample: TrainSample) -> str:
+    """The copy of a group ``sample`` belongs to: its group id with the stream's suffix of the sample id
+    (``#offline<pass>``, ``#replay<n>``; none for a fresh sample), as the stream keys the record
+    (``Group.copy_id``); the group id alone for a sample id of another form. A replayed copy is a
+    group of its own: sharing its original's id, it was dropped as stale with an original left over
+    from the version before, and a lockstep run with replay waited for ever."""
+    trajectory = sample.trajectory
+    if sample.replayed and sample.sample_id.startswith(trajectory.trajectory_id):
+        suffix = sample.sample_id[len(trajectory.trajectory_id) :]
+        if COPY_SUFFIX.fullmatch(suffix):
+            return trajectory.group_id + suffix
+    return trajectory.group_id
 
 
 class BatchAssembler:
@@ -53,7 +72,7 @@ class BatchAssembler:
         if not self.remember(sample.sample_id):
             self.duplicates += 1
             return
-        self.buffer.append((sample, message, sample.trajectory.group_id, sample.trajectory.group_size))
+        self.buffer.append((sample, message, copy_id(sample), sample.trajectory.group_size))
 
     def admit(
         self, message: Message, codec: Codec, problem_of: Callable[[TrainSample], str | None], reject: Reject
@@ -80,7 +99,7 @@ class BatchAssembler:
             self.duplicates += 1
             return
         reject(message, f"invalid sample {clipped(sample.sample_id)}: {problem}", error)
-        self.fail(message, group_id if group_id is not None else sample.trajectory.group_id)
+        self.fail(message, group_id if group_id is not None else copy_id(sample))
 
     def fail(self, message: Message, group_id: str | None) -> None:
         """Count a dead-lettered sample of ``group_id`` (the record key; ``None``: its own group of one)."""

@@ -66,9 +66,21 @@ class Group:
         """True for data this run already trained on (a replayed copy) or did not generate (offline)."""
         return self.replay > 0 or bool(self.origin)
 
+    @property
+    def copy_suffix(self) -> str:
+        """What marks this copy of the group: ``""`` for the fresh group, ``#offline<pass>`` for offline
+        data, ``#replay<n>`` for the n-th replayed copy."""
+        return self.origin + (f"#replay{self.replay}" if self.replay else "")
+
+    @property
+    def copy_id(self) -> str:
+        """The key of this copy's sample records: the group id with ``copy_suffix``. The trainer cuts
+        batches at whole copies: a replayed copy is a group of its own, never stale with its original."""
+        return self.group_id + self.copy_suffix
+
     def sample_id(self, trajectory: Trajectory) -> str:
         """The TrainSample id of one member: the trajectory id, suffixed for offline data and replayed copies."""
-        return trajectory.trajectory_id + self.origin + (f"#replay{self.replay}" if self.replay else "")
+        return trajectory.trajectory_id + self.copy_suffix
 
 
 class GroupOperator(Protocol):

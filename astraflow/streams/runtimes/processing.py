@@ -346,4 +346,4 @@ class GroupProcessor:
             self.replayed += 1
             ctx.metric(STREAM_REPLAYED_GROUPS, self.replayed, version, policy=self.policy)
         for value in samples:
-            self.out.send(ctx.topics.samples(self.policy), value, key=group.group_id.encode())
+            self.out.send(ctx.topics.samples(self.policy), value, key=group.copy_id.encode())
