@@ -161,3 +161,15 @@ class StreamConfig(Section):
     def replay_ratio(self) -> float:
         """Fraction of emitted samples that are replayed (0 without a ``replay`` operator)."""
         return next((spec.ratio for spec in self.operators() if isinstance(spec, ReplaySpec)), 0.0)
+
+    def lockstep_replays(self, batch_groups: int, partitions: int) -> int | None:
+        """Replayed groups a lockstep batch of ``batch_groups`` takes, the rest fresh (``None`` where the
+        staleness bound is not 0 or nothing is replayed): ⌊ρ B⌋, less one for each stream partition
+        after the first. Each partition's replay mixer holds back a fraction of a group of credit, so
+        one version's fresh groups can earn up to that many replays fewer than ρ B; in lockstep a
+        batch cannot wait for the next version's, so it asks for no more than it surely gets. The
+        feeder releases the rest of the batch in fresh groups, and one more (``PolicyBudget``)."""
+        ratio = self.replay_ratio
+        if ratio <= 0 or self.staleness_bound != 0:
+            return None
+        return max(0, int(ratio * batch_groups + 1e-9) - (partitions - 1))

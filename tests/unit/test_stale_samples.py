@@ -96,6 +96,37 @@ def test_a_replayed_copy_is_a_group_of_its_own_never_stale_with_its_original() -
     assert assembler.buffer == []
 
 
+def test_a_lockstep_batch_takes_replayed_copies_up_to_its_cap_and_consumes_the_rest() -> None:
+    """With ``replay_cap`` a batch takes that many replayed copies, in offset order, and fresh groups for
+    the rest; further copies in its prefix are consumed untrained, and the members of a skipped copy
+    that arrive after the batch are skipped too, so no copy is left half counted."""
+
+    def fresh(seed: int, tag: str) -> list[TrainSample]:
+        samples = at_version(recorded_samples(GROUP, seed=seed), 1, tag=tag)
+        return [dataclasses.replace(s, sample_id=s.trajectory.trajectory_id) for s in samples]  # as the stream names
+
+    first, second, third, fourth = fresh(0, "a"), fresh(3, "b"), fresh(5, "c"), fresh(7, "d")
+    copy_one, copy_two, copy_three = replayed_copy(first, 1), replayed_copy(first, 2), replayed_copy(third, 1)
+    assembler = BatchAssembler(batch_samples=3 * GROUP, group_size=GROUP)
+    order = first + copy_one + copy_two[:5] + second + copy_two[5:] + third + copy_three + fourth
+    for offset, sample in enumerate(order):
+        assembler.add(sample, message(offset))
+    batch = assembler.take(oldest_version=1, replay_cap=1)
+    assert [s.sample_id for s, _ in batch] == [x.sample_id for x in first + copy_one + second]
+    assert [s.sample_id for s, _ in assembler.skipped] == [x.sample_id for x in copy_two[:5]]
+    batch = assembler.take(oldest_version=1, replay_cap=1)
+    assert [s.sample_id for s, _ in batch] == [x.sample_id for x in third + copy_three + fourth]
+    assert [s.sample_id for s, _ in assembler.skipped] == [x.sample_id for x in copy_two[5:]]
+    assert assembler.buffer == []
+    # without a cap every copy counts, as before
+    again = BatchAssembler(batch_samples=3 * GROUP, group_size=GROUP)
+    for offset, sample in enumerate(order):
+        again.add(sample, message(offset))
+    assert [s.sample_id for s, _ in again.take(oldest_version=1)] == [
+        x.sample_id for x in first + copy_one + copy_two[:5] + second + copy_two[5:]
+    ]
+
+
 def test_a_waiting_trainer_says_what_it_holds_of_its_batch() -> None:
     """A run whose batch never fills (the replay stall of docs/benchmarks.md#data_algorithms) waited in
     silence; the trainer now logs every ``WAIT_WARNING_S`` how long it waited and what it holds."""

@@ -24,6 +24,8 @@ Reject = Callable[[Message, str, BaseException | None], None]
 
 
 COPY_SUFFIX = re.compile(r"(#offline[0-9]+)?(#replay[0-9]+)?")
+REPLAY_COPY = re.compile(r"#replay[0-9]+$")
+"""A replay mixer's copy, by its ``copy_id``."""
 """What the stream appends to a trajectory id for a sample id (``streams.operators.base.Group.copy_suffix``)."""
 
 
@@ -58,6 +60,10 @@ class BatchAssembler:
         self.duplicates = 0
         self.stale: list[tuple[TrainSample | None, Message]] = []
         """The stale groups' records of the last batch's prefix (``take``)."""
+        self.skipped: list[tuple[TrainSample | None, Message]] = []
+        """The records of the replayed copies beyond ``replay_cap`` in the last batch's prefix (``take``)."""
+        self._skipped_copies: OrderedDict[str, None] = OrderedDict()
+        """Copies skipped so far (the newest ``remember``): their records after a batch's prefix are skipped too."""
 
     def remember(self, sample_id: str) -> bool:
         """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
@@ -125,20 +131,33 @@ class BatchAssembler:
             if sample is not None and not sample.replayed and sample.trajectory.min_version < oldest_version
         }
 
-    def take(self, oldest_version: int | None = None) -> list[tuple[TrainSample | None, Message]] | None:
+    def take(
+        self, oldest_version: int | None = None, replay_cap: int | None = None
+    ) -> list[tuple[TrainSample | None, Message]] | None:
         """The next batch - (sample, or ``None`` for a dead-lettered one; its message) in offset order -
         when the buffer's prefix holds enough whole groups.
 
         With ``oldest_version``, a group with a fresh (not replayed) sample generated before it is
         stale: it takes no place in the batch, and the records of it in the batch's prefix are in
-        ``stale`` after the call, (sample, message) each, consumed with the batch."""
+        ``stale`` after the call, (sample, message) each, consumed with the batch. With
+        ``replay_cap`` (lockstep with replay: ``StreamConfig.lockstep_replays``) the batch takes at
+        most that many replayed copies, in offset order; the records of further ones are in
+        ``skipped``, consumed with the batch untrained (copies: their originals were trained)."""
         stale_groups = self._stale_groups(oldest_version)
-        self.stale = []
+        self.stale, self.skipped = [], []
         remaining: dict[str, int] = {}
+        copies: set[str] = set()
         fresh = 0
         for index, (_, _, gid, size) in enumerate(self.buffer):
-            if gid in stale_groups:
+            if gid in stale_groups or gid in self._skipped_copies:
                 continue
+            if replay_cap is not None and gid not in copies and REPLAY_COPY.search(gid):
+                if len(copies) >= replay_cap:
+                    self._skipped_copies[gid] = None
+                    if len(self._skipped_copies) > self._remember:
+                        self._skipped_copies.popitem(last=False)
+                    continue
+                copies.add(gid)
             fresh += 1
             remaining[gid] = remaining.get(gid, size) - 1
             if remaining[gid] <= 0:
@@ -146,7 +165,12 @@ class BatchAssembler:
             if fresh >= self.batch_samples and not remaining:
                 prefix, self.buffer = self.buffer[: index + 1], self.buffer[index + 1 :]
                 self.stale = [(sample, message) for sample, message, gid, _ in prefix if gid in stale_groups]
-                return [(sample, message) for sample, message, gid, _ in prefix if gid not in stale_groups]
+                self.skipped = [(s, m) for s, m, gid, _ in prefix if gid in self._skipped_copies]
+                return [
+                    (sample, message)
+                    for sample, message, gid, _ in prefix
+                    if gid not in stale_groups and gid not in self._skipped_copies
+                ]
         return None
 
 

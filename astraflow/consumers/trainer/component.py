@@ -146,6 +146,9 @@ class Trainer:
         """The samples offsets of the newest version published: below them, samples are trained again
         whatever their age (step 1)."""
         self.staleness_bound = ctx.config.stream.staleness_bound
+        batch_groups = -(-ctx.config.train.batch_samples // ctx.config.rollout.group_size)
+        self.replay_cap = ctx.config.stream.lockstep_replays(batch_groups, ctx.config.log.partitions)
+        """Replayed copies a lockstep batch takes at most (the feeder releases the rest fresh), or ``None``."""
         self.stale_samples = 0
         self.stale_feedback: list[PromptStats] = []
         """Stale groups dropped since the last version, sent in its transaction (step 5)."""
@@ -180,7 +183,7 @@ class Trainer:
                     assembler.admit(message, ctx.codec, self._problem, self._reject)
                 waited += time.perf_counter() - t0
                 oldest = self._oldest_trainable()
-                taken = assembler.take(oldest)
+                taken = assembler.take(oldest, self.replay_cap)
                 if taken is None:
                     self.commands.keepalive()
                     if waited >= warn_at:
@@ -189,6 +192,7 @@ class Trainer:
                     continue
                 if assembler.stale:
                     self._drop_stale(assembler.stale)
+                self._advance(assembler.skipped)  # replayed copies beyond the cap: consumed untrained
                 self._step(taken, waited)
                 waited, warn_at = 0.0, WAIT_WARNING_S
             if self.learner.version > self.checkpointed:  # stopped cleanly: keep the last version too

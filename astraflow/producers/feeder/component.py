@@ -8,7 +8,8 @@ the trainer and would otherwise stall the run. Each dropped group counts once, a
 at all where ``max_staleness`` is 0: there it was surplus (``feedback.py``). With a replay ratio ρ
 in the stream pipeline only (1 − ρ) of each batch is fresh, so n batches take n · B · (1 − ρ) + 1
 fresh groups (``PolicyBudget.fresh_groups``: the one more is for the replay share the first batch
-misses). The feeder learns V from the weights topic's manifests.
+misses); in lockstep, where a batch's leftover fresh groups go stale and the trainer takes at most
+c replayed groups a batch, n · (B − c + 1). The feeder learns V from the weights topic's manifests.
 
 Spare groups (``stream.spare_groups``, where a policy's ``max_staleness`` is 0). There the bound holds
 exactly one batch, so every group the stream drops is replaced only after its feedback arrives: a round
@@ -157,18 +158,30 @@ class PolicyBudget:
     """Groups in one trainer batch: ⌈B / g⌉ (the trainer cuts batches at whole groups)."""
     groups_per_task: int
     replay_ratio: float = 0.0
+    lockstep_replays: int | None = None
+    """Replayed groups a lockstep batch takes (``StreamConfig.lockstep_replays``); ``None``: not lockstep
+    with replay."""
 
     def fresh_groups(self, batches: int) -> int:
         """Fresh groups that fill ``batches`` trainer batches with the replay mixer's share added.
 
         Each fresh group earns r / (1 - r) of its samples in replayed ones, paid in whole groups,
         and the first group of a run earns nothing (the buffer is empty): n batches need
-        n ⌈B / g⌉ (1 - r) + 1 fresh groups with replay, n ⌈B / g⌉ without. Two earlier versions
-        were wrong: ⌈B (1 - r) / g⌉ per batch left the first lockstep batch waiting for ever (45
-        fresh groups and 18 replayed: 504 of 512 samples), and the first batch's count (46) for
-        every batch fed 1.2 groups too many per version, so the trainer's backlog grew by ~14
-        samples a version and it trained ever staler samples (staleness 3 by version 90).
+        n ⌈B / g⌉ (1 - r) + 1 fresh groups with replay, n ⌈B / g⌉ without, what one batch leaves
+        over filling the next. In lockstep with replay nothing fresh is left over (a fresh group
+        the batch did not take is stale at the next version) and the trainer takes at most c
+        replayed groups a batch (``lockstep_replays``), so each batch gets ⌈B / g⌉ - c + 1 fresh
+        groups: one more than it needs when the replays are there, covering a replay the mixers'
+        rounding held back. With the average count there, the fraction a batch lacked was lost
+        each time and the run waited for ever (the data-algorithm benchmark's replay arms, at
+        versions 64 and 19). Two earlier versions were wrong: ⌈B (1 - r) / g⌉ per batch left the
+        first lockstep batch waiting for ever (45 fresh groups and 18 replayed: 504 of 512
+        samples), and the first batch's count (46) for every batch fed 1.2 groups too many per
+        version, so the trainer's backlog grew by ~14 samples a version and it trained ever staler
+        samples (staleness 3 by version 90).
         """
+        if self.lockstep_replays is not None:
+            return batches * (self.batch_groups - self.lockstep_replays + 1)
         if self.replay_ratio <= 0:
             return batches * self.batch_groups
         return math.ceil(batches * self.batch_groups * (1.0 - self.replay_ratio) + 1.0 - 1e-9)
@@ -193,7 +206,11 @@ def policy_budgets(config) -> dict[str, PolicyBudget]:
         cfg = config.for_policy(policy)
         batch_groups = math.ceil(cfg.train.batch_samples / cfg.rollout.group_size)
         budgets[policy] = PolicyBudget(
-            cfg.stream.max_staleness, batch_groups, workflow.groups_per_task(policy), cfg.stream.replay_ratio
+            cfg.stream.max_staleness,
+            batch_groups,
+            workflow.groups_per_task(policy),
+            cfg.stream.replay_ratio,
+            cfg.stream.lockstep_replays(batch_groups, cfg.log.partitions),
         )
     return budgets
 
