@@ -25,9 +25,9 @@ from tests.e2e.conftest import ASTRAFLOW, run_audit, stop_processes, write_confi
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-MAX_VERSIONS = 25
+MAX_VERSIONS = 30
 """Where each run stops (evaluations every 5 versions). The faults come from version 2 on, 1-2
-versions apart, so at most 6 of them are over by version 14 and the last two evaluations (20, 25)
+versions apart, so at most 6 of them are over by version 14 and the last two evaluations (25, 30)
 are of versions trained after them."""
 KILLS_PER_KIND = 1
 """Once per kind here (each kill costs ~10-20 s of restart, and on Kafka a session timeout);
