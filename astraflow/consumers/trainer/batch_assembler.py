@@ -24,9 +24,19 @@ Reject = Callable[[Message, str, BaseException | None], None]
 
 
 COPY_SUFFIX = re.compile(r"(#offline[0-9]+)?(#replay[0-9]+)?")
+"""What the stream appends to a trajectory id for a sample id (``streams.operators.base.Group.copy_suffix``)."""
 REPLAY_COPY = re.compile(r"#replay[0-9]+$")
 """A replay mixer's copy, by its ``copy_id``."""
-"""What the stream appends to a trajectory id for a sample id (``streams.operators.base.Group.copy_suffix``)."""
+
+
+def note_newest(seen: OrderedDict[str, None], key: str, limit: int) -> bool:
+    """Add ``key`` to ``seen``, which keeps the newest ``limit`` keys; False when it was there already."""
+    if key in seen:
+        return False
+    seen[key] = None
+    if len(seen) > limit:
+        seen.popitem(last=False)
+    return True
 
 
 def copy_id(sample: TrainSample) -> str:
@@ -67,12 +77,7 @@ class BatchAssembler:
 
     def remember(self, sample_id: str) -> bool:
         """Note ``sample_id`` as taken; False when it was already (a duplicate)."""
-        if sample_id in self._seen:
-            return False
-        self._seen[sample_id] = None
-        if len(self._seen) > self._remember:
-            self._seen.popitem(last=False)
-        return True
+        return note_newest(self._seen, sample_id, self._remember)
 
     def add(self, sample: TrainSample, message: Message) -> None:
         if not self.remember(sample.sample_id):
@@ -153,9 +158,7 @@ class BatchAssembler:
                 continue
             if replay_cap is not None and gid not in copies and REPLAY_COPY.search(gid):
                 if len(copies) >= replay_cap:
-                    self._skipped_copies[gid] = None
-                    if len(self._skipped_copies) > self._remember:
-                        self._skipped_copies.popitem(last=False)
+                    note_newest(self._skipped_copies, gid, self._remember)
                     continue
                 copies.add(gid)
             fresh += 1
