@@ -204,10 +204,18 @@ def train(
         _launch_ranks(cfg, nproc or cfg.train.world_size, nnodes, node_rank, rdzv_endpoint)
         return
     ranks = Ranks.from_env()
-    if launched():
-        from astraflow.infra.launch.ranks import follow_agent
+    if not launched():
+        _train_rank(cfg, directory, ranks)
+        return
+    from astraflow.infra.launch.ranks import follow_agent, run_then_exit
 
-        follow_agent()
+    follow_agent()
+    run_then_exit(lambda: _train_rank(cfg, directory, ranks))  # no native teardown to hang in
+
+
+def _train_rank(cfg, directory: Path, ranks) -> None:
+    """Run this process's rank of the trainer until a stop signal: rank 0 the trainer, which writes the
+    log, the others ``TrainerRank``, which follow it."""
     if ranks.leader:
         from astraflow.consumers.trainer.component import Trainer
         from astraflow.infra.launch.process import run_component

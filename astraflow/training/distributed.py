@@ -121,11 +121,11 @@ def init_group(ranks: Ranks) -> None:
         torch.cuda.set_device(rank_device(ranks))
     store = start_store(ranks)
     dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size, timeout=GROUP_TIMEOUT)
-    atexit.register(_leave_group)
+    atexit.register(leave_group)
     logger.info("rank %d of %d joined its %s process group", ranks.rank, ranks.world_size, backend)
 
 
-def _leave_group() -> None:
+def leave_group() -> None:
     """Destroy the process group while the interpreter is still whole: left to the interpreter's
     teardown, gloo's worker threads could still hold work with tensors whose release then needs the
     GIL, and the rank aborted (``terminate called without an active exception``, SIGABRT) after it

@@ -22,6 +22,7 @@ Options, for the tests of resuming under another world size:
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 
 from astraflow.basemodel.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from astraflow.config.train import AdaptiveKlOptions, DeepSpeedOptions, KlConfig
+from astraflow.infra.launch.ranks import run_then_exit
 from astraflow.training.checkpoint import TrainerState
 from astraflow.training.distributed import Ranks, init_group
 from astraflow.training.learner import build_learner
@@ -45,6 +47,11 @@ KL = KlConfig(
 """Every part of the KL term at once: the reference's forward, a sync of sharded weights, β moving each step."""
 BATCH_SIZES = (7, 5, 8, 1, 6)
 """Five batches: odd sizes give ranks shares of different lengths, 1 leaves a rank with none."""
+HANG_S = 270
+"""A rank still running after this long prints every thread's stack to stderr and exits (status 1): a
+run takes 15-30 s on 2 loaded cores and its test waits 300 s, so a hang fails with where it hung
+instead of a bare timeout (a rank that hung in the process's exit, past this watchdog, is why ranks
+end by ``run_then_exit``)."""
 
 
 def batches(vocab_size: int) -> list[list[PolicyExample]]:
@@ -119,8 +126,8 @@ def main(backend: str, out: str, *options: str) -> None:
         torch.save({"weights": weights, "figures": figures, "optimizer": optimizer}, out)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # no rank leaves the group while another still uses it
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    run_then_exit(lambda: main(*sys.argv[1:]))  # as the trainer's ranks end: no native teardown to hang in

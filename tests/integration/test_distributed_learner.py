@@ -28,9 +28,11 @@ lost Adam moment or step count, or a partition loaded into the wrong rank, moves
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 import torch
@@ -58,8 +60,16 @@ def two_ranks(backend: str, out: Path, *options: str | Path, nproc: int = 2) -> 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     command += ["-m", "tests.integration.learner_ranks", backend, str(out), *map(str, options)]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    # A session of its own: on a timeout the launcher and its ranks go together, none left running.
+    session = {"start_new_session": True, "stdout": PIPE, "stderr": PIPE, "text": True}
+    with subprocess.Popen(command, cwd=REPO, env=env, **session) as run:
+        try:
+            stdout, stderr = run.communicate(timeout=300)  # a hung rank exits at HANG_S with its stacks
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            stdout, stderr = run.communicate()
+            raise AssertionError(f"ranks still running after 300 s:\n{stdout[-2000:]}{stderr[-8000:]}") from None
+    assert run.returncode == 0, stdout[-2000:] + stderr[-8000:]
     return torch.load(out, weights_only=False)
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -147,3 +148,34 @@ def follow_agent() -> None:
     elif os.getppid() != int(agent):
         logger.error("the launcher agent (pid %s) is gone before this rank started; stopping", agent)
         raise SystemExit(1)
+
+
+def run_then_exit(run: Callable[[], None]) -> NoReturn:
+    """In a rank: ``run()``, then leave the process group and exit without finalising the interpreter
+    (``exit_now``): 0 when ``run`` returned, 2 after an AstraFlow error's one line (as the command line
+    prints it), 1 after any other error's traceback.
+
+    A rank that had finished, its output written and its group destroyed, could still hang for ever
+    in the process's exit (in one of 60 two-rank runs on 2 loaded cores here, and in a CI run): past
+    the interpreter's finalisation, in the teardown of native code (faulthandler's watchdog, which
+    finalisation cancels, did not fire), so a rank that will never do anything again kept its
+    launcher waiting for it, and the trainer neither finished nor restarted. Leaving by ``os._exit``
+    skips that teardown; what a rank must persist (checkpoints, rank 0's records) is written and
+    flushed before ``run`` returns."""
+    from astraflow.core.errors import AstraFlowError
+    from astraflow.infra.launch.process import exit_now
+    from astraflow.training.distributed import leave_group
+
+    code = 1
+    try:
+        run()
+        code = 0
+    except AstraFlowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        logger.exception("this rank failed")
+    leave_group()
+    exit_now(code)
