@@ -522,16 +522,18 @@ def _row(figure: str, fields: str, result: str = MAIN_JOB) -> FigureRow:
 def test_a_figure_that_is_not_its_named_field_is_reported() -> None:
     """Against the committed main job's result, whatever its figures are when it is re-run."""
     run = json.loads((REPO / MAIN_JOB).read_text())
-    base, mean, last = run["base_accuracy"], run["final_mean_of_last_two"], run["final_accuracy"]
+    base, mean = run["base_accuracy"], run["final_mean_of_last_two"]
     versions, wall = run["versions"], f"{run['wall_seconds']:.0f} s"
-    assert f"{last:.3f}" != f"{mean:.3f}", "the test needs a last evaluation that is not the mean of the last two"
+    # An evaluation in the file that is not the mean of the last two (the last one, where they differ).
+    evaluations = [run["final_accuracy"], *run["accuracy_by_version"].values()]
+    last = next(value for value in evaluations if f"{value:.3f}" != f"{mean:.3f}")
     fields = "base_accuracy, final_mean_of_last_two, versions, wall_seconds"
     assert _row_problems(_row(f"EM {base:.2f} → {mean:.3f} in {versions} versions and {wall}", fields)) == ()
     wrong = 0.97 if abs(mean - 0.97) > 0.01 else 0.5
     assert _row_problems(_row(f"EM {base:.2f} → {wrong} in {versions} versions and {wall}", fields)) == (
         f"example:1: {wrong} is not final_mean_of_last_two ({mean})",
     )
-    # In the file (the last evaluation), but not the field the row names: the old check passed it.
+    # In the file (an evaluation), but not the field the row names: the old check passed it.
     assert _row_problems(_row(f"EM {base:.2f} → {last:.3f} in {versions} versions and {wall}", fields)) == (
         f"example:1: {last:.3f} is not final_mean_of_last_two ({mean})",
     )
