@@ -608,3 +608,13 @@ def test_each_row_names_a_commit_that_changed_its_result() -> None:
         if len(commits) != 1 or not any(full.startswith(commits[0]) for full in history):
             wrong.append(f"{row.where}: {row.cell('commit')} is not a commit that changed {result}")
     assert not wrong, "\n".join(wrong)
+
+
+README_MAX_LINES, README_MAX_WORDS = 180, 1800
+"""The README's size: the set-up, the quickstart, the main figures; the rest is in docs/."""
+
+
+def test_the_readme_stays_short() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README.md: move detail to docs/"
+    assert len(text.split()) <= README_MAX_WORDS, f"README.md has {len(text.split())} words: move detail to docs/"
