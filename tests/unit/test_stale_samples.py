@@ -114,6 +114,7 @@ def test_a_lockstep_batch_takes_replayed_copies_up_to_its_cap_and_consumes_the_r
     batch = assembler.take(oldest_version=1, replay_cap=1)
     assert [s.sample_id for s, _ in batch] == [x.sample_id for x in first + copy_one + second]
     assert [s.sample_id for s, _ in assembler.skipped] == [x.sample_id for x in copy_two[:5]]
+    assert assembler.held(1) == (3 * GROUP, 0)  # the skipped copy's later members count towards nothing
     batch = assembler.take(oldest_version=1, replay_cap=1)
     assert [s.sample_id for s, _ in batch] == [x.sample_id for x in third + copy_three + fourth]
     assert [s.sample_id for s, _ in assembler.skipped] == [x.sample_id for x in copy_two[5:]]

@@ -121,10 +121,12 @@ class BatchAssembler:
 
     def held(self, oldest_version: int | None = None) -> tuple[int, int]:
         """(samples that would count towards the next batch, samples of groups stale at ``oldest_version``)
-        in the buffer: what a trainer waiting for a batch says it holds."""
+        in the buffer: what a trainer waiting for a batch says it holds. The later members of a replayed
+        copy that ``take`` skipped count as neither: they are consumed untrained."""
         stale_groups = self._stale_groups(oldest_version)
         stale = sum(1 for _, _, gid, _ in self.buffer if gid in stale_groups)
-        return len(self.buffer) - stale, stale
+        skipped = sum(1 for _, _, gid, _ in self.buffer if gid in self._skipped_copies and gid not in stale_groups)
+        return len(self.buffer) - stale - skipped, stale
 
     def _stale_groups(self, oldest_version: int | None) -> set[str]:
         """Ids of the buffered groups with a fresh (not replayed) sample generated before ``oldest_version``."""
