@@ -432,13 +432,15 @@ def test_native_runtime_records_provenance_replays_and_drops_by_reason(ctx: Comp
 
 @pytest.mark.parametrize("ratio", [0.0, 0.1, 0.3, 0.5, 0.75, 0.9])
 @pytest.mark.parametrize(("batch", "group_size"), [(512, 8), (256, 8), (64, 4), (100, 6), (32, 16)])
-def test_the_feeders_fresh_groups_fill_every_lockstep_batch_and_no_more(
+def test_the_feeders_average_fresh_groups_fill_every_batch_and_no_more(
     batch: int, group_size: int, ratio: float
 ) -> None:
-    """In lockstep the feeder releases each batch's fresh groups once the trainer published the
-    previous version; with what the replay mixer adds they must reach every batch, the first
+    """Where a batch may take what the one before left over (not lockstep with replay), the feeder
+    releases the average count of fresh groups a batch needs, each batch's once the trainer published
+    the previous version; with what the replay mixer adds they must reach every batch, the first
     included, or the run waits for ever, and the surplus must not grow, or the trainer's backlog
-    does and it trains ever staler samples."""
+    does and it trains ever staler samples. Lockstep with replay has a count of its own
+    (``PolicyBudget.lockstep_replays``), checked by ``test_lockstep_replay.py``."""
     from astraflow.producers.feeder.component import PolicyBudget
 
     batch_groups = -(-batch // group_size)  # the trainer cuts batches at whole groups
