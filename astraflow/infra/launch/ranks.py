@@ -151,9 +151,11 @@ def follow_agent() -> None:
 
 
 def run_then_exit(run: Callable[[], None]) -> NoReturn:
-    """In a rank: ``run()``, then leave the process group and exit without finalising the interpreter
-    (``exit_now``): 0 when ``run`` returned, 2 after an AstraFlow error's one line (as the command line
-    prints it), 1 after any other error's traceback.
+    """In a rank: ``run()``, then exit without finalising the interpreter (``exit_now``): 0 when ``run``
+    returned, after leaving the process group; 2 after an AstraFlow error's one line (as the command
+    line prints it), 1 after any other error's traceback, a ``SystemExit``'s own code, each at once (a
+    failed rank leaves its group to the launcher, which ends the others: destroying a group a peer
+    may still wait in is not a step to risk hanging in).
 
     A rank that had finished, its output written and its group destroyed, could still hang for ever
     in the process's exit (in one of 60 two-rank runs on 2 loaded cores here, and in a CI run): past
@@ -177,5 +179,6 @@ def run_then_exit(run: Callable[[], None]) -> NoReturn:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
         logger.exception("this rank failed")
-    leave_group()
+    if code == 0:
+        leave_group()
     exit_now(code)
