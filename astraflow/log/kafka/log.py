@@ -164,18 +164,21 @@ class KafkaLog(Log):
                 time.sleep(0.05)
 
     def describe_topic(self, name: str) -> TopicSpec:
-        partitions = len(self._metadata(name).partitions)
-        future = self._admin.describe_configs(
-            [ConfigResource(ConfigResource.Type.TOPIC, name)], request_timeout=_TIMEOUT_S
-        )
-        try:
-            config = next(iter(future.values())).result()
-        except KafkaException as exc:
-            if exc.args[0].code() in _NOT_FOUND:
-                raise TopicNotFoundError(f"topic {name!r} does not exist") from exc
-            if exc.args[0].code() in _REFUSED:
-                raise self._may_not("DESCRIBE_CONFIGS", f"topic {name!r}", exc.args[0]) from exc
-            raise LogError(f"describing topic {name!r} failed: {exc.args[0].str()}") from exc
+        """The topic's spec. Its configs come from whichever node the client asks, and a node learns of a
+        new topic a moment after others: right after a topic was made on a cluster, a node could answer
+        that it does not exist although the metadata had just named it (a secure three-node cluster's
+        ``broker grant`` failed so in a CI run). So a miss after the metadata named it is asked again,
+        for up to ``_TIMEOUT_S``; a topic the metadata does not name is missing at once."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            partitions = len(self._metadata(name).partitions)  # TopicNotFoundError: the cluster does not name it
+            try:
+                config = self._topic_configs(name)
+                break
+            except TopicNotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         retention = int(config["retention.ms"].value)
         return TopicSpec(
             name=name,
@@ -185,6 +188,20 @@ class KafkaLog(Log):
             max_message_bytes=int(config["max.message.bytes"].value),
             segment_ms=None if config["segment.ms"].is_default else int(config["segment.ms"].value),
         )
+
+    def _topic_configs(self, name: str) -> Any:
+        """The topic's configs as the node the client asks knows them."""
+        future = self._admin.describe_configs(
+            [ConfigResource(ConfigResource.Type.TOPIC, name)], request_timeout=_TIMEOUT_S
+        )
+        try:
+            return next(iter(future.values())).result()
+        except KafkaException as exc:
+            if exc.args[0].code() in _NOT_FOUND:
+                raise TopicNotFoundError(f"topic {name!r} does not exist") from exc
+            if exc.args[0].code() in _REFUSED:
+                raise self._may_not("DESCRIBE_CONFIGS", f"topic {name!r}", exc.args[0]) from exc
+            raise LogError(f"describing topic {name!r} failed: {exc.args[0].str()}") from exc
 
     def list_topics(self) -> list[str]:
         try:
