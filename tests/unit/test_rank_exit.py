@@ -22,6 +22,8 @@ BODIES = {
     "astraflow error": ("raise ConfigError('train.lr must be positive')", 2, "error: train.lr must be positive"),
     "other error": ("raise RuntimeError('a rank broke')", 1, "RuntimeError: a rank broke"),
     "system exit": ("raise SystemExit(3)", 3, ""),
+    "system exit without a status": ("raise SystemExit()", 0, ""),
+    "system exit with a message": ("raise SystemExit('no agent')", 1, "no agent"),
 }
 
 

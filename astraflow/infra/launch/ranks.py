@@ -151,11 +151,12 @@ def follow_agent() -> None:
 
 
 def run_then_exit(run: Callable[[], None]) -> NoReturn:
-    """In a rank: ``run()``, then exit without finalising the interpreter (``exit_now``): 0 when ``run``
-    returned, after leaving the process group; 2 after an AstraFlow error's one line (as the command
-    line prints it), 1 after any other error's traceback, a ``SystemExit``'s own code, each at once (a
-    failed rank leaves its group to the launcher, which ends the others: destroying a group a peer
-    may still wait in is not a step to risk hanging in).
+    """In a rank: ``run()``, then exit without finalising the interpreter (``exit_now``), with the status
+    the command line would give: 0 when ``run`` returned, 2 after an AstraFlow error's one line, 1 after
+    any other error's traceback, a ``SystemExit``'s as the interpreter takes it (none 0, a number
+    itself, anything else printed and 1). Only a rank ending with 0 leaves its process group first; a
+    failed one leaves it to the launcher, which ends the others (destroying a group a peer may still
+    wait in is not a step to risk hanging in).
 
     A rank that had finished, its output written and its group destroyed, could still hang for ever
     in the process's exit (in one of 60 two-rank runs on 2 loaded cores here, and in a CI run): past
@@ -176,7 +177,11 @@ def run_then_exit(run: Callable[[], None]) -> NoReturn:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:
         logger.exception("this rank failed")
     if code == 0:
